@@ -1,0 +1,71 @@
+// CPU backend bindings: the thread pool and the quantized matrix product.
+#include <memory>
+
+#include "backends/cpu/matmul.h"
+#include "common/error.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace minfer {
+
+namespace {
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+// Validates w [rows, row_bytes] against type and x [n_tok, cols]; returns (rows, cols, n_tok).
+std::tuple<int64_t, int64_t, int64_t> shapes(const py::array& w, uint32_t type, const F32Array& x) {
+    const TypeTraits& t = type_traits(type);
+    if (!t.known) throw MinferError(strfmt("matmul: unknown weight type id %u", type));
+    if (x.ndim() != 1 && x.ndim() != 2) throw MinferError("matmul: x must be [cols] or [n_tok, cols]");
+    int64_t cols = x.shape(x.ndim() - 1), n_tok = x.ndim() == 2 ? x.shape(0) : 1;
+    if (cols % t.block_size != 0)
+        throw MinferError(strfmt("matmul: %lld columns is not a multiple of the %s block size %d", (long long)cols, t.name, t.block_size));
+    Bytes wb = bytes_of(w, "w");
+    size_t rs = row_size(type, cols);
+    if (rs == 0 || wb.n % rs != 0)
+        throw MinferError(strfmt("matmul: %zu weight bytes is not a whole number of %s rows of %lld values (%zu bytes)",
+                                 wb.n, t.name, (long long)cols, rs));
+    return {int64_t(wb.n / rs), cols, n_tok};
+}
+
+}  // namespace
+
+void bind_cpu(py::module_& m) {
+    py::class_<ThreadPool, std::shared_ptr<ThreadPool>>(m, "ThreadPool")
+        .def(py::init<int>(), py::arg("n_threads"))
+        .def_property_readonly("size", &ThreadPool::size);
+    m.def("physical_cores", &physical_cores);
+
+    m.def("matmul", [](const py::array& w, uint32_t type, const F32Array& x, std::shared_ptr<ThreadPool> pool,
+                       const py::object& isa) {
+        auto [rows, cols, n_tok] = shapes(w, type, x);
+        const DotKernels& k = dot_kernels(isa_from(isa));
+        if (!pool) pool = std::make_shared<ThreadPool>(physical_cores());
+        py::array_t<float> y({py::ssize_t(n_tok), py::ssize_t(rows)});
+        const void* wp = w.data();
+        const float* xp = x.data();
+        float* yp = y.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            matmul(wp, type, rows, cols, xp, n_tok, yp, *pool, k);
+        }
+        return y;
+    }, py::arg("w"), py::arg("type"), py::arg("x"), py::arg("pool") = nullptr, py::arg("isa") = py::none(),
+       "Y[n_tok, rows] = X W^T with w the raw rows of `type` and x float32 [n_tok, cols]");
+
+    m.def("matmul_ref", [](const py::array& w, uint32_t type, const F32Array& x) {
+        auto [rows, cols, n_tok] = shapes(w, type, x);
+        py::array_t<float> y({py::ssize_t(n_tok), py::ssize_t(rows)});
+        const void* wp = w.data();
+        const float* xp = x.data();
+        float* yp = y.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            matmul_ref(wp, type, rows, cols, xp, n_tok, yp);
+        }
+        return y;
+    }, py::arg("w"), py::arg("type"), py::arg("x"), "float64 reference of matmul (dequantized operands)");
+}
+
+}  // namespace minfer

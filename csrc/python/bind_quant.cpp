@@ -1,0 +1,91 @@
+// Quantization layer bindings: type facts, (de)quantizers and single dot
+// products per ISA, for tests and kernel benchmarks.
+#include "common/error.h"
+#include "python/bindings.h"
+#include "quant/quant.h"
+
+namespace py = pybind11;
+
+namespace minfer {
+
+Bytes bytes_of(const py::array& a, const char* what) {
+    if (!(a.flags() & py::array::c_style))
+        throw MinferError(strfmt("%s must be a C-contiguous array", what));
+    return {(const uint8_t*)a.data(), size_t(a.nbytes())};
+}
+
+Isa isa_from(const py::object& name) {
+    if (name.is_none()) return default_isa();
+    std::string s = py::str(name);
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
+        if (s == isa_name(isa)) return isa;
+    throw py::value_error("unknown ISA '" + s + "' (scalar, avx2, avx512, neon)");
+}
+
+namespace {
+
+int64_t values_in(uint32_t type, size_t nbytes, const char* what) {
+    const TypeTraits& t = type_traits(type);
+    if (!t.known) throw MinferError(strfmt("unknown tensor type id %u", type));
+    if (nbytes % size_t(t.type_size) != 0)
+        throw MinferError(strfmt("%s: %zu bytes is not a whole number of %s blocks (%d bytes each)", what, nbytes,
+                                 t.name, t.type_size));
+    return int64_t(nbytes / size_t(t.type_size)) * t.block_size;
+}
+
+using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
+
+}  // namespace
+
+void bind_quant(py::module_& m) {
+    m.def("type_info", [](uint32_t type) {
+        const TypeTraits& t = type_traits(type);
+        return py::make_tuple(t.name, t.block_size, t.type_size, t.known);
+    }, py::arg("type"), "(name, block_size, type_size, known) of a ggml type id");
+    m.def("vec_dot_type", &vec_dot_type, py::arg("type"), "activation type consumed by a weight type's dot product");
+
+    m.def("dequantize", [](const py::array& data, uint32_t type) {
+        Bytes b = bytes_of(data, "data");
+        int64_t n = values_in(type, b.n, "dequantize");
+        py::array_t<float> out(n);
+        {
+            py::gil_scoped_release nogil;
+            dequantize_row(type, b.p, out.mutable_data(), n);
+        }
+        return out;
+    }, py::arg("data"), py::arg("type"), "values of a run of blocks of `type` as a flat float32 array");
+
+    m.def("quantize", [](F32Array x, uint32_t type) {
+        int64_t n = int64_t(x.size());
+        py::array_t<uint8_t> out(py::ssize_t(row_size(type, n)));
+        quantize_row_ref(type, x.data(), out.mutable_data(), n);
+        return out;
+    }, py::arg("x"), py::arg("type"), "reference quantizer (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/F32): flat bytes");
+
+    m.def("quantize_act", [](F32Array x, uint32_t type) {
+        int64_t n = int64_t(x.size());
+        py::array_t<uint8_t> out(py::ssize_t(row_size(type, n)));
+        quantize_row_act(type, x.data(), out.mutable_data(), n);
+        return out;
+    }, py::arg("x"), py::arg("type"), "activation quantizer (Q8_0, Q8_1, Q8_K, F32): flat bytes");
+
+    m.def("vec_dot", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
+        int64_t n = values_in(type, wb.n, "vec_dot weights");
+        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot activations");
+        if (n != na) throw MinferError(strfmt("vec_dot: weights hold %lld values, activations %lld", (long long)n, (long long)na));
+        const DotKernels& k = dot_kernels(isa_from(isa));
+        if (!k.dot[type]) throw MinferError(strfmt("vec_dot: no %s kernel for %s", isa_name(k.isa), type_traits(type).name));
+        return k.dot[type](n, wb.p, ab.p);
+    }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+
+    m.def("default_isa", [] { return isa_name(default_isa()); });
+    m.def("available_isas", [] {
+        py::list out;
+        for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
+            if (isa_supported(isa)) out.append(isa_name(isa));
+        return out;
+    }, "ISAs compiled into this build and supported by this CPU");
+}
+
+}  // namespace minfer

@@ -1,0 +1,107 @@
+// Run-time choice of the dot-product kernels: every ISA this build compiled is
+// available, the best one the CPU supports is the default, and MINFER_CPU_ISA
+// overrides it (for tests and benchmarks).  Asking for an ISA the CPU lacks is an
+// error, never a silent downgrade.
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "quant/quant.h"
+
+namespace minfer {
+
+#ifndef MINFER_HAVE_AVX2
+const DotKernels* dot_kernels_avx2() { return nullptr; }
+#endif
+#ifndef MINFER_HAVE_AVX512
+const DotKernels* dot_kernels_avx512() { return nullptr; }
+#endif
+#ifndef MINFER_HAVE_NEON
+const DotKernels* dot_kernels_neon() { return nullptr; }
+#endif
+
+const char* isa_name(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return "scalar";
+        case Isa::avx2: return "avx2";
+        case Isa::avx512: return "avx512";
+        case Isa::neon: return "neon";
+    }
+    return "?";
+}
+
+static bool cpu_has(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return true;
+#if defined(__x86_64__) || defined(__i386__)
+        // __builtin_cpu_supports also checks that the OS saves the wide registers.
+        case Isa::avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        case Isa::avx512:
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+                   __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#endif
+#if defined(__aarch64__)
+        case Isa::neon: return true;  // the NEON file is built only where dotprod is baseline
+#endif
+        default: return false;
+    }
+}
+
+// Whether this build compiled the ISA's kernels.  Checked without touching the
+// tables: building a table runs code of its ISA (its TU is compiled for it).
+static bool compiled_in(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return true;
+#ifdef MINFER_HAVE_AVX2
+        case Isa::avx2: return true;
+#endif
+#ifdef MINFER_HAVE_AVX512
+        case Isa::avx512: return true;
+#endif
+#ifdef MINFER_HAVE_NEON
+        case Isa::neon: return true;
+#endif
+        default: return false;
+    }
+}
+
+static const DotKernels* table_for(Isa isa) {
+    switch (isa) {
+        case Isa::scalar: return dot_kernels_scalar();
+        case Isa::avx2: return dot_kernels_avx2();
+        case Isa::avx512: return dot_kernels_avx512();
+        case Isa::neon: return dot_kernels_neon();
+    }
+    return nullptr;
+}
+
+bool isa_supported(Isa isa) { return compiled_in(isa) && cpu_has(isa); }
+
+const DotKernels& dot_kernels(Isa isa) {
+    if (!compiled_in(isa)) throw MinferError(strfmt("CPU ISA '%s' was not compiled into this build of minfer", isa_name(isa)));
+    if (!cpu_has(isa)) throw MinferError(strfmt("CPU ISA '%s' is not supported by this CPU", isa_name(isa)));
+    return *table_for(isa);
+}
+
+static Isa parse_isa(const char* s) {
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
+        if (std::strcmp(s, isa_name(isa)) == 0) return isa;
+    throw MinferError(strfmt("MINFER_CPU_ISA='%s' is not one of scalar, avx2, avx512, neon", s));
+}
+
+Isa default_isa() {
+    const char* env = std::getenv("MINFER_CPU_ISA");
+    if (env && *env) {
+        Isa isa = parse_isa(env);
+        dot_kernels(isa);  // throws with the reason if unavailable
+        return isa;
+    }
+    for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon})
+        if (isa_supported(isa)) return isa;
+    return Isa::scalar;
+}
+
+}  // namespace minfer

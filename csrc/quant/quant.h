@@ -1,0 +1,56 @@
+// The quantization layer: dequantization, quantizers, and the per-ISA table of
+// dot-product kernels that the matrix products are built on.
+#pragma once
+#include <cstdint>
+
+#include "quant/types.h"
+
+namespace minfer {
+
+// y[0..n) = the values a row of `type` encodes.  Bit-exact with ggml.
+void dequantize_row(uint32_t type, const void* x, float* y, int64_t n);
+
+// Reference quantizers (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, and F32/F16/BF16), bit-exact
+// with ggml's quantize_row_*_ref and the `gguf` package.  Used to make test models.
+void quantize_row_ref(uint32_t type, const float* x, void* y, int64_t n);
+
+// Activation quantizers: the row of activations a weight type's dot product
+// consumes (Q8_0, Q8_1, Q8_K; F32 copies).  `type` is the activation type.
+void quantize_row_act(uint32_t type, const float* x, void* y, int64_t n);
+
+// 6-bit scale and min of sub-block j (0..7) of Q4_K / Q5_K.
+static inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+// dot(weight row, activation row) over n values; the activation row is in
+// vec_dot_type(weight type).
+typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
+
+enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
+const char* isa_name(Isa isa);
+
+struct DotKernels {
+    Isa isa;
+    vec_dot_fn dot[GGML_TYPE_COUNT];  // nullptr where the weight type has no kernel
+};
+
+// Per-ISA tables; a table for an ISA this build or CPU lacks is nullptr.
+const DotKernels* dot_kernels_scalar();
+const DotKernels* dot_kernels_avx2();
+const DotKernels* dot_kernels_avx512();
+const DotKernels* dot_kernels_neon();
+
+// The table for `isa`, or an error naming why it is unavailable here.
+const DotKernels& dot_kernels(Isa isa);
+// The best ISA this CPU supports, unless MINFER_CPU_ISA=scalar|avx2|avx512|neon says otherwise.
+Isa default_isa();
+bool isa_supported(Isa isa);  // compiled in and supported by this CPU
+
+}  // namespace minfer
