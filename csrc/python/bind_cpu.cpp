@@ -38,11 +38,19 @@ void bind_cpu(py::module_& m) {
     m.def("physical_cores", &physical_cores);
 
     m.def("matmul", [](const py::array& w, uint32_t type, const F32Array& x, std::shared_ptr<ThreadPool> pool,
-                       const py::object& isa) {
+                       const py::object& isa, py::object out) {
         auto [rows, cols, n_tok] = shapes(w, type, x);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!pool) pool = std::make_shared<ThreadPool>(physical_cores());
-        py::array_t<float> y({py::ssize_t(n_tok), py::ssize_t(rows)});
+        py::array_t<float> y;
+        if (out.is_none()) {
+            y = py::array_t<float>({py::ssize_t(n_tok), py::ssize_t(rows)});
+        } else {
+            y = py::cast<py::array_t<float>>(out);  // tests pass a poisoned buffer
+            if (y.ptr() != out.ptr() || !(y.flags() & py::array::c_style) || y.size() != n_tok * rows || !y.writeable())
+                throw MinferError(strfmt("matmul: out must be a writable contiguous float32 array of %lld x %lld",
+                                         (long long)n_tok, (long long)rows));
+        }
         const void* wp = w.data();
         const float* xp = x.data();
         float* yp = y.mutable_data();
@@ -52,6 +60,7 @@ void bind_cpu(py::module_& m) {
         }
         return y;
     }, py::arg("w"), py::arg("type"), py::arg("x"), py::arg("pool") = nullptr, py::arg("isa") = py::none(),
+       py::arg("out") = py::none(),
        "Y[n_tok, rows] = X W^T with w the raw rows of `type` and x float32 [n_tok, cols]");
 
     m.def("matmul_ref", [](const py::array& w, uint32_t type, const F32Array& x) {

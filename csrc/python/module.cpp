@@ -2,9 +2,17 @@
 // of the pipeline; the logic lives in the C++ it binds.
 #include "python/bindings.h"
 
+#include <cstring>
+
 #include "common/error.h"
 
 namespace py = pybind11;
+
+// Messages quote names taken from files, which need not be valid UTF-8.
+static py::object message(const char* what) {
+    PyObject* s = PyUnicode_DecodeUTF8(what, Py_ssize_t(std::strlen(what)), "replace");
+    return py::reinterpret_steal<py::object>(s);
+}
 
 PYBIND11_MODULE(_minfer, m) {
     m.doc() = "minfer native core";
@@ -15,9 +23,9 @@ PYBIND11_MODULE(_minfer, m) {
         try {
             if (p) std::rethrow_exception(p);
         } catch (const minfer::GGUFError& e) {
-            py::set_error(gguf_error, e.what());
+            py::set_error(gguf_error, message(e.what()));
         } catch (const minfer::MinferError& e) {
-            py::set_error(minfer_error, e.what());
+            py::set_error(minfer_error, message(e.what()));
         }
     });
     minfer::bind_gguf(m);

@@ -73,9 +73,10 @@ def vec_dot(t: int, w: np.ndarray, a: np.ndarray, isa: str | None = None) -> flo
     return _minfer.vec_dot(int(t), np.ascontiguousarray(w), np.ascontiguousarray(a), isa)
 
 
-def matmul(w: np.ndarray, t: int, x: np.ndarray, pool=None, isa: str | None = None) -> np.ndarray:
+def matmul(w: np.ndarray, t: int, x: np.ndarray, pool=None, isa: str | None = None,
+           out: np.ndarray | None = None) -> np.ndarray:
     """Y[n_tok, rows] = X W^T; w holds `rows` rows of type t (raw bytes or f32/f16 values)."""
-    return _minfer.matmul(np.ascontiguousarray(w), int(t), x, pool, isa)
+    return _minfer.matmul(np.ascontiguousarray(w), int(t), x, pool, isa, out)
 
 
 def matmul_ref(w: np.ndarray, t: int, x: np.ndarray) -> np.ndarray:

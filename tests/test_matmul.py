@@ -1,0 +1,82 @@
+"""Rung 1 for the matrix products at real model shapes: matmul (every ISA, 1-3
+threads, 1 and many tokens, poisoned output) against the float64 reference
+over the same quantized operands."""
+import numpy as np
+import pytest
+
+import minfer
+from conftest import all_isas, require_isa
+from minfer.quants import GGMLType as T, ThreadPool, dequantize, matmul, matmul_ref, type_info, vec_dot_type
+from quant_helpers import random_weight_row
+
+U = 2.0 ** -24
+
+
+def random_matrix(rng, t, rows, cols):
+    return np.stack([random_weight_row(rng, t, cols) for _ in range(rows)])
+
+
+def check(y, w, t, x, ref=None):
+    """|y - ref| per element within the float rounding of the dot product."""
+    ref = matmul_ref(w, t, x) if ref is None else ref
+    rows, cols = ref.shape[1], x.shape[-1]
+    wv = dequantize(w, t).reshape(rows, cols).astype(np.float64)
+    at = vec_dot_type(t)
+    xs = np.stack([dequantize(minfer.quants.quantize_act(r, at), at) for r in x]).astype(np.float64)
+    S = np.abs(xs) @ np.abs(wv).T  # [n_tok, rows]: sum |w||a|
+    n_terms = cols // type_info(t)[1] + cols // 16 + 8
+    assert np.all(np.isfinite(y)), "unwritten (poisoned) outputs remain"
+    bad = np.abs(y - ref) > 4 * n_terms * U * S + 1e-30
+    assert not bad.any(), f"{bad.sum()} elements off, e.g. {np.argwhere(bad)[:4]}"
+
+
+SHAPES = [(1536, 1536), (256, 8960), (8960 // 8, 1536)]  # (rows, cols): 1.5B attention / ffn_down / ffn_up slices
+
+
+@pytest.mark.parametrize("isa", all_isas())
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                               T.F16, T.F32, T.BF16], ids=lambda t: t.name)
+def test_matvec_and_matmul(isa, t, rng):
+    require_isa(isa)
+    for rows, cols in SHAPES[:2] if t in (T.F32, T.BF16) else SHAPES:
+        w = random_matrix(rng, t, rows, cols)
+        for n_tok in (1, 7, 33):
+            x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+            y = np.full((n_tok, rows), np.nan, np.float32)
+            pool = ThreadPool(1 + n_tok % 3)
+            matmul(w, t, x, pool=pool, isa=isa, out=y)
+            check(y, w, t, x)
+
+
+def test_threads_agree_exactly(rng):
+    # the split over threads must not change a single bit (each dot is done by one thread)
+    w = random_matrix(rng, T.Q4_K, 999, 1536)
+    x = rng.standard_normal((5, 1536)).astype(np.float32)
+    ys = [matmul(w, T.Q4_K, x, pool=ThreadPool(n)) for n in (1, 2, 3, 8)]
+    for y in ys[1:]:
+        assert np.array_equal(ys[0], y)
+
+
+def test_real_weights_qwen15(qwen15_path, rng):
+    f = minfer.gguf.open(qwen15_path)
+    pool = ThreadPool(minfer.quants.physical_cores())
+    for name in ["blk.0.attn_q.weight", "blk.0.ffn_down.weight", "blk.0.ffn_up.weight", "output.weight"]:
+        info = f.tensors[name]
+        w = info.data
+        if name == "output.weight":
+            w = w[:4096]  # 151936 x 1536 in full; the float64 check over all rows is slow
+        cols = info.shape[-1]
+        x = rng.standard_normal((3, cols)).astype(np.float32)
+        y = np.full((3, w.shape[0]), np.nan, np.float32)
+        matmul(w, info.type, x, pool=pool, out=y)
+        check(y, np.ascontiguousarray(w), info.type, x)
+
+
+def test_errors():
+    w = np.zeros((4, 144), np.uint8)
+    with pytest.raises(minfer.MinferError, match="not a multiple of the Q4_K block size 256"):
+        matmul(w, T.Q4_K, np.zeros((1, 200), np.float32))
+    with pytest.raises(minfer.MinferError, match="not a whole number of Q4_K rows"):
+        matmul(np.zeros(100, np.uint8), T.Q4_K, np.zeros((1, 256), np.float32))
+    with pytest.raises(minfer.MinferError, match="out must be"):
+        matmul(w, T.Q4_K, np.zeros((1, 256), np.float32), out=np.zeros(3, np.float32))
