@@ -8,8 +8,12 @@
 
 namespace minfer {
 
+// Messages quote names read from files, which need not be valid UTF-8: the
+// constructor replaces invalid bytes with '?' so Python can always show them.
+std::string valid_utf8(const std::string& s);
+
 struct MinferError : std::runtime_error {
-    using std::runtime_error::runtime_error;
+    explicit MinferError(const std::string& msg) : std::runtime_error(valid_utf8(msg)) {}
 };
 
 // A GGUF file that is malformed, truncated or hostile.

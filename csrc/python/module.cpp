@@ -2,32 +2,17 @@
 // of the pipeline; the logic lives in the C++ it binds.
 #include "python/bindings.h"
 
-#include <cstring>
-
 #include "common/error.h"
 
 namespace py = pybind11;
 
-// Messages quote names taken from files, which need not be valid UTF-8.
-static py::object message(const char* what) {
-    PyObject* s = PyUnicode_DecodeUTF8(what, Py_ssize_t(std::strlen(what)), "replace");
-    return py::reinterpret_steal<py::object>(s);
-}
-
 PYBIND11_MODULE(_minfer, m) {
     m.doc() = "minfer native core";
     // Python-side exception hierarchy: MinferError(RuntimeError) > GGUFError.
-    static py::exception<minfer::MinferError> minfer_error(m, "MinferError", PyExc_RuntimeError);
-    static py::exception<minfer::GGUFError> gguf_error(m, "GGUFError", minfer_error.ptr());
-    py::register_exception_translator([](std::exception_ptr p) {
-        try {
-            if (p) std::rethrow_exception(p);
-        } catch (const minfer::GGUFError& e) {
-            py::set_error(gguf_error, message(e.what()));
-        } catch (const minfer::MinferError& e) {
-            py::set_error(minfer_error, message(e.what()));
-        }
-    });
+    // Messages are valid UTF-8 by construction (MinferError's constructor).
+    auto& minfer_error = py::register_exception<minfer::MinferError>(m, "MinferError", PyExc_RuntimeError);
+    py::register_exception<minfer::GGUFError>(m, "GGUFError", minfer_error.ptr());
+    m.attr("pybind11_version") = PYBIND11_VERSION_MAJOR * 10000 + PYBIND11_VERSION_MINOR * 100 + PYBIND11_VERSION_PATCH;
     minfer::bind_gguf(m);
     minfer::bind_quant(m);
     minfer::bind_cpu(m);

