@@ -16,4 +16,5 @@ PYBIND11_MODULE(_minfer, m) {
     minfer::bind_gguf(m);
     minfer::bind_quant(m);
     minfer::bind_cpu(m);
+    minfer::bind_engine(m);
 }

@@ -24,40 +24,69 @@ void check_shapes(uint32_t type, int64_t rows, int64_t cols, int64_t n_tok, cons
 
 }  // namespace
 
-void matmul(const void* w, uint32_t type, int64_t rows, int64_t cols, const float* x, int64_t n_tok,
-            float* y, ThreadPool& pool, const DotKernels& kernels) {
-    check_shapes(type, rows, cols, n_tok, &kernels);
-    if (rows == 0 || n_tok == 0) return;
-    const uint32_t act_type = vec_dot_type(type);
-    const size_t w_row = row_size(type, cols);
-    const size_t a_row = row_size(act_type, cols);
+void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, int64_t x_ld, int64_t n_tok,
+                 ThreadPool& pool, const DotKernels& kernels) {
+    for (int j = 0; j < n_jobs; j++) check_shapes(jobs[j].type, jobs[j].rows, cols, n_tok, &kernels);
+    if (n_tok == 0 || n_jobs == 0) return;
 
-    // Activations in the dot kernels' format (f32 activations are used in place).
-    std::vector<uint8_t> act_buf;
-    const uint8_t* act = (const uint8_t*)x;
-    if (act_type != GGML_TYPE_F32) {
-        act_buf.resize(a_row * size_t(n_tok));
-        pool.parallel_for(n_tok, [&](int64_t t, int) {
-            quantize_row_act(act_type, x + t * cols, act_buf.data() + size_t(t) * a_row, cols);
-        });
-        act = act_buf.data();
+    // Activations in each needed dot format, quantized once (f32 is used in place
+    // when X is contiguous).
+    struct Act { uint32_t type; size_t row_bytes; std::vector<uint8_t> buf; const uint8_t* p; };
+    std::vector<Act> acts;
+    std::vector<int> act_of((size_t)(n_jobs));
+    for (int j = 0; j < n_jobs; j++) {
+        uint32_t at = vec_dot_type(jobs[j].type);
+        size_t k = 0;
+        while (k < acts.size() && acts[k].type != at) k++;
+        if (k == acts.size()) acts.push_back({at, row_size(at, cols), {}, nullptr});
+        act_of[size_t(j)] = int(k);
+    }
+    for (Act& a : acts) {
+        if (a.type == GGML_TYPE_F32 && x_ld == cols) {
+            a.p = (const uint8_t*)x;
+            continue;
+        }
+        a.buf.resize(a.row_bytes * size_t(n_tok));
+        uint8_t* dst = a.buf.data();
+        const size_t rb = a.row_bytes;
+        const uint32_t at = a.type;
+        auto quantize_one = [&](int64_t t, int) { quantize_row_act(at, x + t * x_ld, dst + size_t(t) * rb, cols); };
+        if (n_tok > 1) pool.parallel_for(n_tok, quantize_one);
+        else quantize_one(0, 0);
+        a.p = a.buf.data();
     }
 
-    // Tiles: kRows weight rows x kTok tokens.  Small enough that a tile's rows
-    // fit in L2 for the 1.5B model's widest rows, enough tiles to balance threads.
+    // Tiles: kRows weight rows x kTok tokens, numbered job by job.
     constexpr int64_t kRows = 16, kTok = 16;
-    const int64_t row_tiles = (rows + kRows - 1) / kRows, tok_tiles = (n_tok + kTok - 1) / kTok;
-    const vec_dot_fn dot = kernels.dot[type];
-    const uint8_t* wb = (const uint8_t*)w;
-    pool.parallel_for(row_tiles * tok_tiles, [&](int64_t task, int) {
-        int64_t r0 = (task % row_tiles) * kRows, t0 = (task / row_tiles) * kTok;
-        int64_t r1 = r0 + kRows < rows ? r0 + kRows : rows, t1 = t0 + kTok < n_tok ? t0 + kTok : n_tok;
+    const int64_t tok_tiles = (n_tok + kTok - 1) / kTok;
+    std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
+    for (int j = 0; j < n_jobs; j++)
+        first_tile[size_t(j) + 1] = first_tile[size_t(j)] + (jobs[j].rows + kRows - 1) / kRows * tok_tiles;
+    pool.parallel_for(first_tile[size_t(n_jobs)], [&](int64_t task, int) {
+        int j = 0;
+        while (task >= first_tile[size_t(j) + 1]) j++;
+        const MatJob& job = jobs[j];
+        const Act& a = acts[size_t(act_of[size_t(j)])];
+        const int64_t local = task - first_tile[size_t(j)];
+        const int64_t row_tiles = (job.rows + kRows - 1) / kRows;
+        const int64_t r0 = (local % row_tiles) * kRows, t0 = (local / row_tiles) * kTok;
+        const int64_t r1 = r0 + kRows < job.rows ? r0 + kRows : job.rows;
+        const int64_t t1 = t0 + kTok < n_tok ? t0 + kTok : n_tok;
+        const size_t w_row = row_size(job.type, cols);
+        const vec_dot_fn dot = kernels.dot[job.type];
+        const uint8_t* wb = (const uint8_t*)job.w;
         for (int64_t t = t0; t < t1; t++) {
-            const uint8_t* a = act + size_t(t) * a_row;
-            float* yt = y + t * rows;
-            for (int64_t r = r0; r < r1; r++) yt[r] = dot(cols, wb + size_t(r) * w_row, a);
+            const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
+            float* yt = job.y + t * job.y_ld;
+            for (int64_t r = r0; r < r1; r++) yt[r] = dot(cols, wb + size_t(r) * w_row, ap);
         }
     });
+}
+
+void matmul(const void* w, uint32_t type, int64_t rows, int64_t cols, const float* x, int64_t n_tok,
+            float* y, ThreadPool& pool, const DotKernels& kernels) {
+    MatJob job{w, type, rows, y, rows};
+    matmul_jobs(&job, 1, cols, x, cols, n_tok, pool, kernels);
 }
 
 void matmul_ref(const void* w, uint32_t type, int64_t rows, int64_t cols, const float* x, int64_t n_tok,

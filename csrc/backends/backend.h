@@ -1,0 +1,53 @@
+// The Backend contract: what the graph machinery needs from one executor.
+//
+// Buffers are ids into the backend's own pool (f32 elements).  execute_node
+// enqueues the node's work and may return before it is done; synchronize() is
+// the only wait.  The output buffer may alias an input buffer (the allocator
+// does this only for the ops listed in op_in_place_ok()).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "graph/ir.h"
+
+namespace minfer {
+
+// A window of a buffer: element (r, c) is at offset + r * ld + c.
+struct BufRef {
+    int id = -1;
+    int64_t offset = 0;
+    int64_t ld = 0;
+};
+
+struct ExecArgs {
+    std::vector<BufRef> in;
+    BufRef out;
+    int kv_k = -1, kv_v = -1;  // the layer's persistent KV regions (KvStore, Attn)
+};
+
+class Backend {
+  public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+    virtual bool supports_op(const Node& node) const = 0;
+    virtual bool supports_fused(Op fused) const = 0;
+    virtual bool has_weight(const std::string& name) const = 0;
+
+    virtual int alloc_buffer(size_t n_floats) = 0;  // may recycle a freed buffer of the same size
+    virtual void free_buffer(int id) = 0;
+    virtual int alloc_fresh(size_t n_floats) = 0;   // never a recycled one (split staging)
+    virtual int alloc_kv(size_t bytes) = 0;         // persistent KV region, zero-filled
+    virtual size_t buffer_size(int id) const = 0;   // in floats
+
+    virtual void execute_node(const Node& node, const ExecArgs& args) = 0;
+    virtual void read_host(int id, size_t offset, float* dst, size_t n) = 0;
+    virtual void write_host(int id, size_t offset, const float* src, size_t n) = 0;
+    virtual void synchronize() = 0;
+};
+
+// Ops whose kernels are correct when the output buffer is one of the inputs.
+bool op_in_place_ok(Op op);
+
+}  // namespace minfer

@@ -1,0 +1,31 @@
+// The CPU backend: the SIMD kernels of quant/ and backends/cpu/ behind the
+// Backend contract, multithreaded on one shared pool.
+#pragma once
+#include <memory>
+
+#include "backends/host_backend.h"
+#include "quant/quant.h"
+#include "runtime/thread_pool.h"
+
+namespace minfer {
+
+class CpuBackend : public HostBackend {
+  public:
+    CpuBackend(const WeightStore* weights, std::shared_ptr<ThreadPool> pool, Isa isa);
+    const char* name() const override { return "cpu"; }
+    bool supports_op(const Node& node) const override;
+    bool supports_fused(Op fused) const override;
+    void execute_node(const Node& node, const ExecArgs& args) override;
+    ThreadPool& pool() { return *pool_; }
+    Isa isa() const { return kernels_->isa; }
+
+  private:
+    void qkv(const Node& node, const ExecArgs& args);
+    void ffn(const Node& node, const ExecArgs& args);
+    void add_bias(const std::string& bias, float* y, int64_t ld, int64_t rows, int64_t cols);
+    std::shared_ptr<ThreadPool> pool_;
+    const DotKernels* kernels_;
+    std::vector<float> scratch_;
+};
+
+}  // namespace minfer

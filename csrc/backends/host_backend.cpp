@@ -1,0 +1,63 @@
+#include "backends/host_backend.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/error.h"
+
+namespace minfer {
+
+bool op_in_place_ok(Op op) {
+    switch (op) {
+        case Op::RmsNorm: case Op::QkNorm: case Op::Rope: case Op::Add: case Op::Mul:
+        case Op::Silu: case Op::SwiGLU:
+            return true;
+        default:
+            return false;
+    }
+}
+
+int HostBackend::alloc_buffer(size_t n) {
+    for (size_t i = 0; i < free_.size(); i++)
+        if (pool_[size_t(free_[i])].size() == n) {
+            int id = free_[i];
+            free_.erase(free_.begin() + long(i));
+            return id;
+        }
+    return alloc_fresh(n);
+}
+
+void HostBackend::free_buffer(int id) {
+    if (id < 0 || size_t(id) >= pool_.size()) throw MinferError(strfmt("%s: free of unknown buffer %d", name(), id));
+    if (std::find(free_.begin(), free_.end(), id) == free_.end()) free_.push_back(id);
+}
+
+int HostBackend::alloc_fresh(size_t n) {
+    pool_.emplace_back(n ? n : 1);
+    return int(pool_.size()) - 1;
+}
+
+int HostBackend::alloc_kv(size_t bytes) { return alloc_fresh((bytes + 3) / 4); }
+
+size_t HostBackend::buffer_size(int id) const { return pool_.at(size_t(id)).size(); }
+
+float* HostBackend::ptr(int id) {
+    if (id < 0 || size_t(id) >= pool_.size()) throw MinferError(strfmt("%s: unknown buffer id %d", name(), id));
+    return pool_[size_t(id)].data();
+}
+
+void HostBackend::read_host(int id, size_t offset, float* dst, size_t n) {
+    if (offset + n > buffer_size(id))
+        throw MinferError(strfmt("%s: read of [%zu, %zu) past buffer %d of %zu floats", name(), offset, offset + n, id,
+                                 buffer_size(id)));
+    std::memcpy(dst, ptr(id) + offset, n * sizeof(float));
+}
+
+void HostBackend::write_host(int id, size_t offset, const float* src, size_t n) {
+    if (offset + n > buffer_size(id))
+        throw MinferError(strfmt("%s: write of [%zu, %zu) past buffer %d of %zu floats", name(), offset, offset + n, id,
+                                 buffer_size(id)));
+    std::memcpy(ptr(id) + offset, src, n * sizeof(float));
+}
+
+}  // namespace minfer

@@ -1,0 +1,38 @@
+// The buffer pool shared by the backends whose memory is host memory (CPU and
+// reference): buffers are plain f32 vectors, read/write_host are memcpys, and
+// synchronize has nothing to wait for (execute_node runs to completion).
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "runtime/weights.h"
+
+namespace minfer {
+
+class HostBackend : public Backend {
+  public:
+    explicit HostBackend(const WeightStore* weights) : weights_(weights) {}
+    bool has_weight(const std::string& name) const override { return weights_ && weights_->has(name); }
+
+    int alloc_buffer(size_t n_floats) override;
+    void free_buffer(int id) override;
+    int alloc_fresh(size_t n_floats) override;
+    int alloc_kv(size_t bytes) override;
+    size_t buffer_size(int id) const override;
+    void read_host(int id, size_t offset, float* dst, size_t n) override;
+    void write_host(int id, size_t offset, const float* src, size_t n) override;
+    void synchronize() override {}
+
+  protected:
+    float* ptr(int id);
+    float* at(const BufRef& b) { return ptr(b.id) + b.offset; }
+    const Weight& weight(const std::string& name) const { return weights_->get(name); }
+    const WeightStore* weights_;
+
+  private:
+    std::vector<std::vector<float>> pool_;
+    std::vector<int> free_;
+};
+
+}  // namespace minfer

@@ -1,0 +1,175 @@
+#include "backends/reference/reference_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "backends/kv_format.h"
+#include "common/error.h"
+#include "quant/quant.h"
+
+namespace minfer {
+
+namespace {
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+// y = x / sqrt(mean(x^2) + eps) * w over one group of n values.
+void rmsnorm(const float* x, float* y, int64_t n, const float* w, double eps) {
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += double(x[i]) * x[i];
+    double scale = 1.0 / std::sqrt(ss / double(n) + eps);
+    for (int64_t i = 0; i < n; i++) y[i] = float(x[i] * scale * w[i]);
+}
+
+}  // namespace
+
+bool ReferenceBackend::supports_op(const Node& node) const {
+    switch (node.op) {
+        case Op::FusedQKV: case Op::FusedQkvNorm: case Op::FusedFFN: case Op::Count:
+            return false;
+        case Op::MatMul: case Op::GetRows:
+            return weights_ && weights_->has(node.meta.weight);
+        default:
+            return true;
+    }
+}
+
+void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
+    const NodeMeta& m = node.meta;
+    const int64_t rows = node.rows, cols = node.cols;
+    auto in = [&](size_t i, int64_t r) { return at(a.in[i]) + r * a.in[i].ld; };
+    auto out = [&](int64_t r) { return at(a.out) + r * a.out.ld; };
+    switch (node.op) {
+        case Op::Input:
+            return;
+        case Op::GetRows: {
+            const Weight& w = weight(m.weight);
+            for (int64_t r = 0; r < rows; r++) {
+                int32_t id;
+                std::memcpy(&id, in(0, r), 4);
+                if (id < 0 || id >= w.rows())
+                    throw MinferError(strfmt("token id %d is out of range for '%s' (%lld rows)", id, m.weight.c_str(),
+                                             (long long)w.rows()));
+                dequantize_row(w.type, w.data + size_t(id) * row_size(w.type, w.cols()), out(r), cols);
+            }
+            return;
+        }
+        case Op::TailRow: {
+            std::vector<float> row(in(0, m.src_row), in(0, m.src_row) + cols);
+            std::memcpy(out(0), row.data(), size_t(cols) * 4);
+            return;
+        }
+        case Op::RmsNorm:
+        case Op::QkNorm: {
+            const int64_t width = node.op == Op::RmsNorm ? cols : m.head_dim;
+            const float* w = (const float*)weight(m.weight).data;
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t g = 0; g < cols / width; g++) rmsnorm(in(0, r) + g * width, out(r) + g * width, width, w, m.eps);
+            return;
+        }
+        case Op::MatMul: {
+            const Weight& w = weight(m.weight);
+            const uint32_t at_type = vec_dot_type(w.type);
+            const int64_t k = w.cols();
+            std::vector<uint8_t> q(row_size(at_type, k));
+            std::vector<float> x((size_t)k), wr((size_t)k), y((size_t)cols);
+            const float* bias = m.bias.empty() ? nullptr : (const float*)weight(m.bias).data;
+            for (int64_t r = 0; r < rows; r++) {
+                quantize_row_act(at_type, in(0, r), q.data(), k);
+                dequantize_row(at_type, q.data(), x.data(), k);
+                for (int64_t o = 0; o < cols; o++) {
+                    dequantize_row(w.type, w.data + size_t(o) * row_size(w.type, k), wr.data(), k);
+                    double s = 0.0;
+                    for (int64_t i = 0; i < k; i++) s += double(wr[size_t(i)]) * x[size_t(i)];
+                    y[size_t(o)] = float(s + (bias ? bias[o] : 0.0));
+                }
+                std::memcpy(out(r), y.data(), size_t(cols) * 4);
+            }
+            return;
+        }
+        case Op::Rope: {
+            const int half = m.rope_dim / 2;
+            for (int64_t r = 0; r < rows; r++) {
+                int32_t p;
+                std::memcpy(&p, in(1, r), 4);
+                std::vector<float> x(in(0, r), in(0, r) + cols);
+                for (int64_t h = 0; h < cols / m.head_dim; h++) {
+                    float* xh = x.data() + h * m.head_dim;
+                    for (int i = 0; i < half; i++) {
+                        double theta = p * std::pow(double(m.rope_base), -2.0 * i / m.rope_dim);
+                        int i0 = m.rope_neox ? i : 2 * i, i1 = m.rope_neox ? i + half : 2 * i + 1;
+                        double x0 = xh[i0], x1 = xh[i1];
+                        xh[i0] = float(x0 * std::cos(theta) - x1 * std::sin(theta));
+                        xh[i1] = float(x0 * std::sin(theta) + x1 * std::cos(theta));
+                    }
+                }
+                std::memcpy(out(r), x.data(), size_t(cols) * 4);
+            }
+            return;
+        }
+        case Op::KvStore: {
+            const int64_t dim = int64_t(m.n_head_kv) * m.head_dim;
+            const size_t rb = kv_row_bytes(m.kv_type, dim);
+            for (int64_t r = 0; r < rows; r++) {
+                int32_t p;
+                std::memcpy(&p, in(2, r), 4);
+                if (p < 0 || p >= m.n_ctx)
+                    throw MinferError(strfmt("KvStore: position %d is outside the KV cache of %d positions", p, m.n_ctx));
+                kv_write_row(m.kv_type, in(0, r), (uint8_t*)ptr(a.kv_k) + size_t(p) * rb, dim);
+                kv_write_row(m.kv_type, in(1, r), (uint8_t*)ptr(a.kv_v) + size_t(p) * rb, dim);
+            }
+            return;
+        }
+        case Op::Attn: {
+            const int64_t dim = int64_t(m.n_head_kv) * m.head_dim;
+            const size_t rb = kv_row_bytes(m.kv_type, dim);
+            const int group = m.n_head / m.n_head_kv;
+            std::vector<float> kr((size_t)(m.head_dim)), vr((size_t)(m.head_dim));
+            for (int64_t r = 0; r < rows; r++) {
+                int32_t p;
+                std::memcpy(&p, in(1, r), 4);
+                if (p < 0 || p >= m.n_ctx)
+                    throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", p, m.n_ctx));
+                for (int h = 0; h < m.n_head; h++) {
+                    const int64_t col = int64_t(h / group) * m.head_dim;
+                    const float* qh = in(0, r) + int64_t(h) * m.head_dim;
+                    std::vector<double> s(size_t(p) + 1), o(size_t(m.head_dim), 0.0);
+                    double mx = -INFINITY, sum = 0.0;
+                    for (int j = 0; j <= p; j++) {
+                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_k) + size_t(j) * rb, col, kr.data(), m.head_dim);
+                        double d = 0.0;
+                        for (int i = 0; i < m.head_dim; i++) d += double(qh[i]) * kr[size_t(i)];
+                        s[size_t(j)] = d * m.attn_scale;
+                        mx = std::max(mx, s[size_t(j)]);
+                    }
+                    for (int j = 0; j <= p; j++) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+                    for (int j = 0; j <= p; j++) {
+                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_v) + size_t(j) * rb, col, vr.data(), m.head_dim);
+                        for (int i = 0; i < m.head_dim; i++) o[size_t(i)] += s[size_t(j)] / sum * vr[size_t(i)];
+                    }
+                    for (int i = 0; i < m.head_dim; i++) out(r)[int64_t(h) * m.head_dim + i] = float(o[size_t(i)]);
+                }
+            }
+            return;
+        }
+        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+            for (int64_t r = 0; r < rows; r++) {
+                const float* x = in(0, r);
+                const float* y = node.op == Op::Silu ? nullptr : in(1, r);
+                float* o = out(r);
+                for (int64_t i = 0; i < cols; i++) {
+                    double v = node.op == Op::Add ? double(x[i]) + y[i]
+                             : node.op == Op::Mul ? double(x[i]) * y[i]
+                             : node.op == Op::Silu ? silu(x[i]) : silu(x[i]) * y[i];
+                    o[i] = float(v);
+                }
+            }
+            return;
+        default:
+            break;
+    }
+    throw MinferError(strfmt("reference backend cannot execute node '%s' (op %s)", node.name.c_str(), op_name(node.op)));
+}
+
+}  // namespace minfer

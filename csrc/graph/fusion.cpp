@@ -1,0 +1,192 @@
+// The fusion pass.  Each rule rewrites a small pattern into one node that a
+// backend has a kernel for; consumers are rewired to column windows of the
+// fused output, and the absorbed nodes are dropped at the end.
+#include <map>
+
+#include "common/error.h"
+#include "graph/passes.h"
+
+namespace minfer {
+
+namespace {
+
+struct Fuser {
+    Graph& g;
+    const std::vector<BackendSlot>& slots;
+    std::vector<std::vector<int>> consumers;  // node -> consumer nodes
+    std::vector<bool> dead;
+    int rewrites = 0;
+
+    void count_consumers() {
+        consumers.assign(g.nodes.size(), {});
+        for (size_t i = 0; i < g.nodes.size(); i++)
+            if (!dead[i])
+                for (const NodeInput& in : g.nodes[i].in) consumers[size_t(in.node)].push_back(int(i));
+    }
+    Node& at(int i) { return g.nodes[size_t(i)]; }
+    bool can(Op fused, std::initializer_list<int> nodes) {
+        int b = at(*nodes.begin()).backend;
+        for (int n : nodes)
+            if (at(n).backend != b) return false;
+        return slots[size_t(b)].backend->supports_fused(fused);
+    }
+    bool sole_consumer(int producer, int consumer) {
+        return producer != g.output && consumers[size_t(producer)].size() == 1 &&
+               consumers[size_t(producer)][0] == consumer;
+    }
+    static bool whole(const NodeInput& in) { return in.col == 0 && in.cols == -1; }
+    static bool same(const NodeInput& a, const NodeInput& b) {
+        return a.node == b.node && a.col == b.col && a.cols == b.cols;
+    }
+    // Every input that reads `from` now reads columns [col, col + cols) of `to`.
+    void redirect(int from, int to, int col, int cols) {
+        for (int c : consumers[size_t(from)])
+            for (NodeInput& in : at(c).in)
+                if (in.node == from) {
+                    in.node = to;
+                    in.col += col;
+                    if (in.cols == -1) in.cols = cols;
+                }
+    }
+
+    void swiglu() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            Node& m = g.nodes[i];
+            if (dead[i] || m.op != Op::Mul) continue;
+            for (int side = 0; side < 2; side++) {
+                int s = m.in[size_t(side)].node;
+                if (at(s).op != Op::Silu || !whole(m.in[size_t(side)]) || !sole_consumer(s, int(i)) ||
+                    !can(Op::SwiGLU, {int(i), s}))
+                    continue;
+                NodeInput other = m.in[size_t(1 - side)];
+                m.op = Op::SwiGLU;
+                m.in = {at(s).in[0], other};
+                dead[size_t(s)] = true;
+                rewrites++;
+                break;
+            }
+        }
+    }
+
+    void ffn() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            Node& w = g.nodes[i];
+            if (dead[i] || w.op != Op::SwiGLU) continue;
+            int gate = w.in[0].node, up = w.in[1].node;
+            Node &G = at(gate), &U = at(up);
+            if (G.op != Op::MatMul || U.op != Op::MatMul || G.meta.role != Role::Gate || U.meta.role != Role::Up ||
+                !G.meta.bias.empty() || !U.meta.bias.empty() || !whole(w.in[0]) || !whole(w.in[1]) ||
+                !same(G.in[0], U.in[0]) || !sole_consumer(gate, int(i)) || !sole_consumer(up, int(i)) ||
+                !can(Op::FusedFFN, {int(i), gate, up}))
+                continue;
+            w.op = Op::FusedFFN;
+            w.meta.w_gate = G.meta.weight;
+            w.meta.w_up = U.meta.weight;
+            w.meta.layer = G.meta.layer;
+            w.in = {G.in[0]};
+            w.name = "blk." + std::to_string(G.meta.layer) + ".ffn_gate_up";
+            dead[size_t(gate)] = dead[size_t(up)] = true;
+            rewrites++;
+        }
+    }
+
+    void qkv() {
+        count_consumers();
+        std::map<int, int> q_of_layer, k_of_layer, v_of_layer;
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            const Node& n = g.nodes[i];
+            if (dead[i] || n.op != Op::MatMul) continue;
+            if (n.meta.role == Role::Q) q_of_layer[n.meta.layer] = int(i);
+            if (n.meta.role == Role::K) k_of_layer[n.meta.layer] = int(i);
+            if (n.meta.role == Role::V) v_of_layer[n.meta.layer] = int(i);
+        }
+        for (auto [layer, q] : q_of_layer) {
+            if (!k_of_layer.count(layer) || !v_of_layer.count(layer)) continue;
+            int k = k_of_layer[layer], v = v_of_layer[layer];
+            Node &Q = at(q), &K = at(k), &V = at(v);
+            if (!same(Q.in[0], K.in[0]) || !same(Q.in[0], V.in[0]) || !can(Op::FusedQKV, {q, k, v})) continue;
+            NodeMeta m;
+            m.layer = layer;
+            m.wq = Q.meta.weight, m.wk = K.meta.weight, m.wv = V.meta.weight;
+            m.bq = Q.meta.bias, m.bk = K.meta.bias, m.bv = V.meta.bias;
+            m.q_cols = Q.cols, m.k_cols = K.cols, m.v_cols = V.cols;
+            int qc = Q.cols, kc = K.cols, vc = V.cols;
+            redirect(q, q, 0, qc);  // keep q's consumers pointing at the fused node (q's slot) with a window
+            redirect(k, q, qc, kc);
+            redirect(v, q, qc + kc, vc);
+            Node& F = at(q);
+            F.op = Op::FusedQKV;
+            F.meta = m;
+            F.cols = qc + kc + vc;
+            F.name = "blk." + std::to_string(layer) + ".attn_qkv";
+            dead[size_t(k)] = dead[size_t(v)] = true;
+            rewrites++;
+        }
+    }
+
+    void qkv_norm() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            Node& f = g.nodes[i];
+            if (dead[i] || f.op != Op::FusedQKV) continue;
+            int qn = -1, kn = -1;
+            bool ok = true;
+            for (int c : consumers[i]) {
+                const Node& n = at(c);
+                if (n.op != Op::QkNorm) continue;
+                const NodeInput& in = n.in[0];
+                if (in.col == 0 && in.cols == f.meta.q_cols) qn = c;
+                else if (in.col == f.meta.q_cols && in.cols == f.meta.k_cols) kn = c;
+            }
+            if (qn < 0 || kn < 0 || !can(Op::FusedQkvNorm, {int(i), qn, kn})) continue;
+            for (int c : consumers[i])  // nothing else may read the un-normalized q or k
+                if (c != qn && c != kn) {
+                    for (const NodeInput& in : at(c).in)
+                        if (in.node == int(i) && in.col < f.meta.q_cols + f.meta.k_cols) ok = false;
+                }
+            if (!ok) continue;
+            f.op = Op::FusedQkvNorm;
+            f.meta.q_norm = at(qn).meta.weight;
+            f.meta.k_norm = at(kn).meta.weight;
+            f.meta.eps = at(qn).meta.eps;
+            f.meta.head_dim = at(qn).meta.head_dim;
+            redirect(qn, int(i), 0, f.meta.q_cols);
+            redirect(kn, int(i), f.meta.q_cols, f.meta.k_cols);
+            dead[size_t(qn)] = dead[size_t(kn)] = true;
+            rewrites++;
+        }
+    }
+
+    void compact() {
+        std::vector<int> remap(g.nodes.size(), -1);
+        std::vector<Node> kept;
+        for (size_t i = 0; i < g.nodes.size(); i++)
+            if (!dead[i]) {
+                remap[i] = int(kept.size());
+                kept.push_back(std::move(g.nodes[i]));
+            }
+        for (Node& n : kept)
+            for (NodeInput& in : n.in) {
+                in.node = remap[size_t(in.node)];
+                if (in.node < 0) throw MinferError(strfmt("fusion left node '%s' reading a removed node", n.name.c_str()));
+            }
+        g.output = remap[size_t(g.output)];
+        g.nodes = std::move(kept);
+    }
+};
+
+}  // namespace
+
+int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
+    Fuser f{g, slots, {}, std::vector<bool>(g.nodes.size(), false)};
+    f.swiglu();
+    f.ffn();
+    f.qkv();
+    f.qkv_norm();
+    f.compact();
+    return f.rewrites;
+}
+
+}  // namespace minfer

@@ -1,0 +1,104 @@
+// The graph IR: one node per math op of the transformer.
+//
+// Every activation is a row-major f32 matrix [rows, cols] (rows = tokens of the
+// step, or 1 after TailRow).  Token ids and positions travel as int32 bit
+// patterns in f32 buffers (Input nodes).  A node reads column windows of its
+// inputs (NodeInput.col / .cols): that is how the q, k and v parts of a fused
+// QKV output are consumed without copies.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace minfer {
+
+enum class Op : uint8_t {
+    Input,         // tokens or positions of this step, written by the session
+    GetRows,       // embedding gather: rows of meta.weight at the token ids of input 0
+    TailRow,       // the last row of input 0 (only the last position needs logits)
+    RmsNorm,       // x / sqrt(mean(x^2) + eps) * meta.weight
+    QkNorm,        // RmsNorm per head (head_dim wide) with a [head_dim] weight (qwen3)
+    MatMul,        // x W^T (+ meta.bias); W = meta.weight [cols, x.cols]
+    Rope,          // rotary embedding of input 0 at the positions of input 1
+    KvStore,       // write k (input 0) and v (input 1) at positions (input 2) into layer's KV
+    Attn,          // causal GQA attention of q (input 0) over the layer's KV, positions input 1;
+                   // input 2 is the layer's KvStore (an ordering dependency)
+    Add,           // a + b
+    Mul,           // a * b
+    Silu,          // x * sigmoid(x)
+    SwiGLU,        // silu(a) * b                                         (fusion of Mul(Silu(a), b))
+    FusedQKV,      // [q | k | v] = x [Wq | Wk | Wv]^T + biases           (fusion of 3 MatMuls)
+    FusedQkvNorm,  // FusedQKV, then QkNorm of the q and k parts (qwen3)
+    FusedFFN,      // silu(x Wg^T) * (x Wu^T)                              (fusion of 2 MatMuls + SwiGLU)
+    Count
+};
+const char* op_name(Op op);
+
+enum class InputKind : uint8_t { Tokens, Positions };
+
+struct NodeInput {
+    int node = -1;   // producer
+    int col = 0;     // first column of the window
+    int cols = -1;   // window width (-1: all of the producer's columns)
+};
+
+// What a MatMul computes in the layer (the fusion pass pattern-matches on it).
+enum class Role : uint8_t { None, Q, K, V, Gate, Up };
+
+struct NodeMeta {
+    int layer = -1;
+    Role role = Role::None;
+    InputKind input = InputKind::Tokens;
+    std::string weight, bias;      // MatMul, GetRows, RmsNorm (weight); QkNorm (weight)
+    std::string wq, wk, wv, bq, bk, bv, q_norm, k_norm;  // FusedQKV / FusedQkvNorm
+    std::string w_gate, w_up;      // FusedFFN
+    float eps = 0.0f;
+    int n_head = 0, n_head_kv = 0, head_dim = 0;
+    int q_cols = 0, k_cols = 0, v_cols = 0;  // fused QKV output layout
+    float rope_base = 10000.0f;
+    int rope_dim = 0;
+    bool rope_neox = false;
+    float attn_scale = 1.0f;
+    uint32_t kv_type = 1;          // ggml type of the KV cache (F16 default)
+    int n_ctx = 0;
+    int src_row = 0;               // TailRow: which row of the input
+};
+
+struct Node {
+    Op op = Op::Input;
+    std::vector<NodeInput> in;
+    int rows = 0, cols = 0;        // output shape
+    NodeMeta meta;
+    std::string name;              // for traces and errors, e.g. "blk.3.attn_q"
+    int backend = -1;              // index into the engine's backend list, set by assignment
+};
+
+// What makes two graphs interchangeable: decode steps with equal params reuse one graph.
+struct GraphParams {
+    int n_tokens = 1;
+    bool all_logits = false;       // logits of every position, or only the last
+    bool fuse = true;              // run the fusion pass (where the backend supports it)
+    uint32_t kv_type = 1;          // F16
+    int n_ctx = 0;
+    uint32_t gpu_mask = 0;         // which GPU backends participate (bit per backend kind)
+    std::string assignment;        // "" (priority order) or a forced pattern, e.g. "alternate:3"
+    bool operator==(const GraphParams& o) const {
+        return n_tokens == o.n_tokens && all_logits == o.all_logits && fuse == o.fuse && kv_type == o.kv_type &&
+               n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment;
+    }
+};
+
+struct Graph {
+    std::vector<Node> nodes;
+    int output = -1;               // the logits node
+    GraphParams params;
+
+    int add(Node n) {
+        nodes.push_back(std::move(n));
+        return int(nodes.size()) - 1;
+    }
+    // Weight names a node reads (for the all-weights-registered gate).
+    static std::vector<std::string> weights_of(const Node& n);
+};
+
+}  // namespace minfer

@@ -1,0 +1,204 @@
+#include "graph/plan.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <set>
+
+#include "backends/kv_format.h"
+#include "quant/types.h"
+#include "common/error.h"
+
+namespace minfer {
+
+Plan::Plan(Graph graph, std::vector<BackendSlot> slots, KvCache& kv, bool keep_all)
+    : graph_(std::move(graph)), slots_(std::move(slots)), kv_(kv) {
+    assign_backends(graph_, slots_, graph_.params.assignment);
+    if (graph_.params.fuse) fusions_ = fuse(graph_, slots_);
+    find_splits();
+    allocate(keep_all);
+}
+
+Plan::~Plan() {
+    for (auto [b, id] : owned_) backend(b)->free_buffer(id);
+}
+
+void Plan::find_splits() {
+    splits_.clear();
+    for (int i = 0; i < int(graph_.nodes.size()); i++) {
+        const Node& n = graph_.nodes[size_t(i)];
+        if (splits_.empty() || splits_.back().backend != n.backend) splits_.push_back({n.backend, i, i, {}});
+        Split& s = splits_.back();
+        s.last = i;
+        for (const NodeInput& in : n.in) {
+            int p = in.node;
+            if (graph_.nodes[size_t(p)].backend != s.backend &&
+                std::find(s.inputs.begin(), s.inputs.end(), p) == s.inputs.end())
+                s.inputs.push_back(p);
+        }
+    }
+}
+
+void Plan::allocate(bool keep_all) {
+    const size_t N = graph_.nodes.size();
+    std::vector<int> last_use(N, -1);
+    for (size_t i = 0; i < N; i++)
+        for (const NodeInput& in : graph_.nodes[i].in) last_use[size_t(in.node)] = int(i);
+    last_use[size_t(graph_.output)] = INT_MAX;
+    if (keep_all) std::fill(last_use.begin(), last_use.end(), INT_MAX);
+
+    // plan-local free lists: (backend, size) -> ids
+    std::map<std::pair<int, size_t>, std::vector<int>> free_list;
+    auto size_of = [&](size_t i) { return size_t(std::max(1, graph_.nodes[i].rows * graph_.nodes[i].cols)); };
+    auto take = [&](int b, size_t n) {
+        auto& fl = free_list[{b, n}];
+        if (!fl.empty()) {
+            int id = fl.back();
+            fl.pop_back();
+            return id;
+        }
+        int id = backend(b)->alloc_buffer(n);
+        owned_.push_back({b, id});
+        return id;
+    };
+
+    buf_.assign(N, -1);
+    for (size_t i = 0; i < N; i++) {
+        const Node& n = graph_.nodes[i];
+        // An in-place-safe op takes over an input that dies here (same backend, size, whole buffer).
+        if (op_in_place_ok(n.op))
+            for (const NodeInput& in : n.in) {
+                size_t p = size_t(in.node);
+                const Node& pn = graph_.nodes[p];
+                if (pn.backend == n.backend && last_use[p] == int(i) && pn.op != Op::Input && in.col == 0 &&
+                    (in.cols == -1 || in.cols == pn.cols) && size_of(p) == size_of(i) && pn.cols == n.cols) {
+                    buf_[i] = buf_[p];
+                    break;
+                }
+            }
+        if (buf_[i] < 0) buf_[i] = take(n.backend, size_of(i));
+        std::set<int> done;
+        for (const NodeInput& in : n.in) {
+            size_t p = size_t(in.node);
+            if (last_use[p] == int(i) && buf_[p] != buf_[i] && done.insert(int(p)).second)
+                free_list[{graph_.nodes[p].backend, size_of(p)}].push_back(buf_[p]);
+        }
+    }
+
+    // Staging for cross-backend inputs: fresh, owned by the plan.
+    for (size_t s = 0; s < splits_.size(); s++)
+        for (int p : splits_[s].inputs) {
+            int id = backend(splits_[s].backend)->alloc_fresh(size_of(size_t(p)));
+            owned_.push_back({splits_[s].backend, id});
+            staging_[{int(s), p}] = id;
+        }
+
+    // KV regions: created on first use, on the backend of the layer's KvStore.
+    for (const Node& n : graph_.nodes) {
+        if (n.op != Op::KvStore) continue;
+        const int l = n.meta.layer;
+        if (kv_.type != n.meta.kv_type || kv_.n_ctx != n.meta.n_ctx)
+            throw MinferError(strfmt("graph KV (%s, %d positions) does not match the session's KV cache (%s, %d)",
+                                     type_traits(n.meta.kv_type).name, n.meta.n_ctx, type_traits(kv_.type).name, kv_.n_ctx));
+        if (size_t(l) >= kv_.layers.size()) kv_.layers.resize(size_t(l) + 1);
+        KvRegion& r = kv_.layers[size_t(l)];
+        if (r.backend < 0) {
+            size_t bytes = kv_row_bytes(kv_.type, int64_t(n.meta.n_head_kv) * n.meta.head_dim) * size_t(kv_.n_ctx);
+            r = {n.backend, backend(n.backend)->alloc_kv(bytes), backend(n.backend)->alloc_kv(bytes)};
+        } else if (r.backend != n.backend) {
+            throw MinferError(strfmt("the KV cache of layer %d lives on %s but this graph runs it on %s", l,
+                                     backend(r.backend)->name(), backend(n.backend)->name()));
+        }
+    }
+
+    // Resolved arguments per node.
+    args_.assign(N, {});
+    std::vector<int> split_of(N);
+    for (size_t s = 0; s < splits_.size(); s++)
+        for (int i = splits_[s].first; i <= splits_[s].last; i++) split_of[size_t(i)] = int(s);
+    for (size_t i = 0; i < N; i++) {
+        const Node& n = graph_.nodes[i];
+        ExecArgs& a = args_[i];
+        for (const NodeInput& in : n.in) {
+            const Node& pn = graph_.nodes[size_t(in.node)];
+            int id = pn.backend == n.backend ? buf_[size_t(in.node)] : staging_.at({split_of[i], in.node});
+            a.in.push_back(BufRef{id, in.col, pn.cols});
+        }
+        a.out = BufRef{buf_[i], 0, n.cols};
+        if (n.op == Op::KvStore || n.op == Op::Attn) {
+            const KvRegion& r = kv_.layers.at(size_t(n.meta.layer));
+            a.kv_k = r.k;
+            a.kv_v = r.v;
+        }
+    }
+}
+
+void Plan::write_input(InputKind kind, const int32_t* values, int n) {
+    for (size_t i = 0; i < graph_.nodes.size(); i++) {
+        const Node& node = graph_.nodes[i];
+        if (node.op != Op::Input || node.meta.input != kind) continue;
+        if (n != node.rows)
+            throw MinferError(strfmt("input '%s' takes %d values, got %d", node.name.c_str(), node.rows, n));
+        backend(node.backend)->write_host(buf_[i], 0, (const float*)values, size_t(n));
+    }
+}
+
+std::vector<float> Plan::read_node(int node) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    std::vector<float> out(size_t(std::max(1, n.rows * n.cols)));
+    backend(n.backend)->read_host(buf_[size_t(node)], 0, out.data(), out.size());
+    return out;
+}
+
+void Plan::execute(OpProfile* profile) {
+    int prev = -1;
+    std::vector<float> tmp;
+    std::set<int> used;
+    for (size_t s = 0; s < splits_.size(); s++) {
+        const Split& sp = splits_[s];
+        Backend* be = backend(sp.backend);
+        if (prev >= 0 && prev != sp.backend) backend(prev)->synchronize();
+        for (int p : sp.inputs) {  // copy across through the host
+            const Node& pn = graph_.nodes[size_t(p)];
+            tmp.resize(size_t(std::max(1, pn.rows * pn.cols)));
+            backend(pn.backend)->read_host(buf_[size_t(p)], 0, tmp.data(), tmp.size());
+            be->write_host(staging_.at({int(s), p}), 0, tmp.data(), tmp.size());
+        }
+        for (int i = sp.first; i <= sp.last; i++) {
+            const Node& n = graph_.nodes[size_t(i)];
+            if (n.backend != sp.backend)
+                throw MinferError(strfmt("node '%s' is assigned to %s but sits in a %s split", n.name.c_str(),
+                                         backend(n.backend)->name(), be->name()));
+            if (profile) {
+                auto t0 = std::chrono::steady_clock::now();
+                be->execute_node(n, args_[size_t(i)]);
+                be->synchronize();
+                profile->seconds[size_t(n.op)] += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+                profile->calls[size_t(n.op)]++;
+            } else {
+                be->execute_node(n, args_[size_t(i)]);
+            }
+        }
+        used.insert(sp.backend);
+        prev = sp.backend;
+    }
+    for (int b : used) backend(b)->synchronize();
+}
+
+std::string Plan::trace() const {
+    std::string out = strfmt("graph: %zu nodes, %zu splits, %d fusions (n_tokens=%d)\n", graph_.nodes.size(),
+                             splits_.size(), fusions_, graph_.params.n_tokens);
+    for (size_t s = 0; s < splits_.size(); s++) {
+        const Split& sp = splits_[s];
+        out += strfmt("  split %zu: %-9s nodes %d..%d (%s .. %s), %zu inputs copied in\n", s, backend(sp.backend)->name(),
+                      sp.first, sp.last, graph_.nodes[size_t(sp.first)].name.c_str(),
+                      graph_.nodes[size_t(sp.last)].name.c_str(), sp.inputs.size());
+    }
+    std::map<std::pair<std::string, std::string>, int> census;
+    for (const Node& n : graph_.nodes) census[{op_name(n.op), backend(n.backend)->name()}]++;
+    out += "  op x backend:\n";
+    for (auto& [k, c] : census) out += strfmt("    %-13s %-9s %d\n", k.first.c_str(), k.second.c_str(), c);
+    return out;
+}
+
+}  // namespace minfer

@@ -1,0 +1,73 @@
+// An executable graph: backends assigned, fused, buffers allocated, splits
+// found.  Built once per GraphParams and executed many times (every decode step
+// reuses one plan; positions and tokens are inputs written before execute).
+//
+// Allocator: liveness over the node order; a buffer is recycled (same size, same
+// backend) once its last reader has run; an in-place-safe op may take over its
+// dead input's buffer; cross-backend inputs get fresh staging buffers on the
+// consumer's backend, never recycled while the plan lives.  KV regions come
+// from the session's KvCache.
+//
+// Scheduler: a split is a maximal run of nodes on one backend.  execute()
+// walks the splits: at each backend change it synchronizes the previous
+// backend and copies the split's inputs across, then executes every node of
+// the split; one final synchronize per backend at the end.
+#pragma once
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "backends/backend.h"
+#include "graph/ir.h"
+#include "graph/passes.h"
+#include "runtime/kv_cache.h"
+
+namespace minfer {
+
+struct Split {
+    int backend;
+    int first, last;            // node range [first, last]
+    std::vector<int> inputs;    // producers on other backends, copied in at the split's start
+};
+
+struct OpProfile {
+    double seconds[size_t(Op::Count)] = {};
+    int64_t calls[size_t(Op::Count)] = {};
+};
+
+class Plan {
+  public:
+    // keep_all: no buffer recycling, so every node's output can be read after execute (debugging).
+    Plan(Graph graph, std::vector<BackendSlot> slots, KvCache& kv, bool keep_all = false);
+    ~Plan();
+    Plan(const Plan&) = delete;
+    Plan& operator=(const Plan&) = delete;
+
+    void execute(OpProfile* profile = nullptr);
+    void write_input(InputKind kind, const int32_t* values, int n);
+    // The output of `node` after execute (only meaningful for live outputs, or with keep_all).
+    std::vector<float> read_node(int node);
+
+    const Graph& graph() const { return graph_; }
+    const std::vector<Split>& splits() const { return splits_; }
+    int fusions() const { return fusions_; }
+    std::string trace() const;  // split table and op x backend census
+
+  private:
+    Backend* backend(int i) const { return slots_[size_t(i)].backend; }
+    void allocate(bool keep_all);
+    void find_splits();
+
+    Graph graph_;
+    std::vector<BackendSlot> slots_;
+    KvCache& kv_;
+    int fusions_ = 0;
+    std::vector<int> buf_;                        // node -> buffer id on its backend
+    std::vector<ExecArgs> args_;                  // node -> resolved arguments
+    std::vector<Split> splits_;
+    std::map<std::pair<int, int>, int> staging_;  // (split, producer) -> buffer on the split's backend
+    std::vector<std::pair<int, int>> owned_;      // (backend, buffer) to free with the plan
+};
+
+}  // namespace minfer

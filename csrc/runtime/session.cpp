@@ -1,0 +1,120 @@
+#include "runtime/session.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/reference/reference_backend.h"
+#include "common/error.h"
+#include "models/decoder.h"
+
+namespace minfer {
+
+namespace {
+constexpr size_t kMaxPlans = 4;  // a prompt plan, the decode plan, and a couple of others
+
+bool env_on(const char* name) {
+    const char* v = std::getenv(name);
+    return v && *v && std::strcmp(v, "0") != 0;
+}
+
+Isa parse_isa(const std::string& s) {
+    if (s.empty()) return default_isa();
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
+        if (s == isa_name(isa)) return isa;
+    throw MinferError(strfmt("unknown ISA '%s' (scalar, avx2, avx512, neon)", s.c_str()));
+}
+}  // namespace
+
+std::shared_ptr<Model> Model::load(const std::string& path) {
+    std::shared_ptr<Model> m(new Model());
+    m->gguf_ = GGUF::open(path);
+    m->weights_ = std::make_unique<WeightStore>(m->gguf_);
+    m->config_ = ModelConfig::from_gguf(*m->weights_);
+    return m;
+}
+
+Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std::move(model)), opts_(std::move(opts)) {
+    const ModelConfig& c = model_->config();
+    if (opts_.n_ctx < 0) throw MinferError(strfmt("n_ctx must be positive, got %d", opts_.n_ctx));
+    if (opts_.n_ctx == 0) opts_.n_ctx = std::min(c.n_ctx_train, SessionOptions::kDefaultCtxCap);
+    if (opts_.n_ctx > c.n_ctx_train)
+        throw MinferError(strfmt("n_ctx %d is larger than the model's context length %d", opts_.n_ctx, c.n_ctx_train));
+    if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
+        throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
+    if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
+    pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
+    kv_.type = opts_.kv_type;
+    kv_.n_ctx = opts_.n_ctx;
+
+    // Backends in priority order (Metal, CUDA when built, then CPU); the reference
+    // backend joins only for forced assignment patterns.
+    backends_.push_back(std::make_unique<CpuBackend>(&model_->weights(), pool_, parse_isa(opts_.isa)));
+    slots_.push_back({backends_.back().get(), true, true});
+    if (!opts_.assignment.empty()) {
+        backends_.push_back(std::make_unique<ReferenceBackend>(&model_->weights()));
+        slots_.push_back({backends_.back().get(), true, false});
+    }
+    trace_ = env_on("MINFER_GRAPH_TRACE");
+    profile_on_ = env_on("MINFER_OP_PROFILE");
+}
+
+Session::~Session() {
+    plans_.clear();
+    if (profile_on_) {
+        std::fprintf(stderr, "minfer op profile (seconds, calls):\n");
+        for (size_t i = 0; i < size_t(Op::Count); i++)
+            if (profile_.calls[i])
+                std::fprintf(stderr, "  %-13s %9.4f %8lld\n", op_name(Op(i)), profile_.seconds[i], (long long)profile_.calls[i]);
+    }
+}
+
+std::vector<std::string> Session::backend_names() const {
+    std::vector<std::string> out;
+    for (auto& b : backends_) out.push_back(b->name());
+    return out;
+}
+
+Plan& Session::plan(int n_tokens, bool all_logits) {
+    GraphParams p;
+    p.n_tokens = n_tokens;
+    p.all_logits = all_logits && n_tokens > 1;
+    p.fuse = opts_.fuse;
+    p.kv_type = opts_.kv_type;
+    p.n_ctx = opts_.n_ctx;
+    p.assignment = opts_.assignment;
+    for (auto it = plans_.begin(); it != plans_.end(); ++it)
+        if (it->first == p) {
+            plans_.splice(plans_.begin(), plans_, it);  // most recently used first
+            return *plans_.front().second;
+        }
+    if (plans_.size() >= kMaxPlans) plans_.pop_back();
+    auto plan = std::make_unique<Plan>(build_decoder_graph(model_->config(), p), slots_, kv_, opts_.keep_all);
+    graph_builds_++;
+    if (trace_) std::fprintf(stderr, "%s", plan->trace().c_str());
+    plans_.emplace_front(p, std::move(plan));
+    return *plans_.front().second;
+}
+
+void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out) {
+    const ModelConfig& c = model_->config();
+    if (n <= 0) throw MinferError("eval: no tokens (an empty prompt)");
+    if (start_pos < 0) throw MinferError(strfmt("eval: negative start position %d", start_pos));
+    if (int64_t(start_pos) + n > opts_.n_ctx)
+        throw MinferError(strfmt("eval: %d tokens at position %d exceed the context of %d tokens", n, start_pos, opts_.n_ctx));
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c.n_vocab)
+            throw MinferError(strfmt("eval: token id %d at index %d is out of range [0, %d)", tokens[i], i, c.n_vocab));
+    Plan& pl = plan(n, all_logits);
+    std::vector<int32_t> pos((size_t)(n));
+    for (int i = 0; i < n; i++) pos[size_t(i)] = start_pos + i;
+    pl.write_input(InputKind::Tokens, tokens, n);
+    pl.write_input(InputKind::Positions, pos.data(), n);
+    pl.execute(profile_on_ ? &profile_ : nullptr);
+    const Node& o = pl.graph().nodes[size_t(pl.graph().output)];
+    std::vector<float> logits = pl.read_node(pl.graph().output);
+    std::memcpy(out, logits.data(), size_t(o.rows) * size_t(o.cols) * sizeof(float));
+}
+
+}  // namespace minfer

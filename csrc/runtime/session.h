@@ -1,0 +1,79 @@
+// A model in memory and a session over it.
+//
+// Model: the mmap'd GGUF, its weights by name and its hyperparameters.
+// Session: the backends, the KV cache and the graph cache.  eval(tokens,
+// start_pos) runs one step (a prompt or one decode token) and returns logits;
+// a step with the same GraphParams as an earlier one reuses its plan.
+#pragma once
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "graph/plan.h"
+#include "models/config.h"
+#include "quant/quant.h"
+#include "runtime/kv_cache.h"
+#include "runtime/thread_pool.h"
+#include "runtime/weights.h"
+
+namespace minfer {
+
+class Model {
+  public:
+    static std::shared_ptr<Model> load(const std::string& path);
+    const ModelConfig& config() const { return config_; }
+    const WeightStore& weights() const { return *weights_; }
+    const GGUF& gguf() const { return *gguf_; }
+
+  private:
+    std::shared_ptr<GGUF> gguf_;
+    std::unique_ptr<WeightStore> weights_;
+    ModelConfig config_;
+};
+
+struct SessionOptions {
+    int n_ctx = 0;               // 0: the model's training context, capped at kDefaultCtxCap
+    int n_threads = 0;           // 0: physical cores
+    uint32_t kv_type = 1;        // F16; F32 and Q8_0 selectable
+    std::string isa;             // "" = default_isa()
+    std::string assignment;      // "" or "alternate:K" (adds the reference backend)
+    bool fuse = true;
+    bool keep_all = false;       // debugging: keep every node's output readable
+    static constexpr int kDefaultCtxCap = 4096;
+};
+
+class Session {
+  public:
+    Session(std::shared_ptr<Model> model, SessionOptions opts);
+    ~Session();
+
+    // Runs tokens[0..n) at positions start_pos.. and writes logits into `out`:
+    // [n, n_vocab] if all_logits, else [1, n_vocab] (the last position).
+    void eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out);
+
+    // The plan for a step shape (built on first use, then cached).
+    Plan& plan(int n_tokens, bool all_logits);
+
+    const Model& model() const { return *model_; }
+    int n_ctx() const { return opts_.n_ctx; }
+    int n_threads() const { return pool_->size(); }
+    const SessionOptions& options() const { return opts_; }
+    int graph_builds() const { return graph_builds_; }
+    const OpProfile& op_profile() const { return profile_; }
+    std::vector<std::string> backend_names() const;
+
+  private:
+    std::shared_ptr<Model> model_;
+    SessionOptions opts_;
+    std::shared_ptr<ThreadPool> pool_;
+    std::vector<std::unique_ptr<Backend>> backends_;
+    std::vector<BackendSlot> slots_;
+    KvCache kv_;
+    std::list<std::pair<GraphParams, std::unique_ptr<Plan>>> plans_;  // most recent first
+    int graph_builds_ = 0;
+    bool trace_ = false, profile_on_ = false;
+    OpProfile profile_;
+};
+
+}  // namespace minfer
