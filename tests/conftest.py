@@ -68,3 +68,29 @@ def require_isa(isa: str) -> None:
 @pytest.fixture
 def rng():
     return np.random.default_rng(1234)
+
+
+SYNTHETIC = ["qwen3-tiny-f32", "qwen3-tiny-q8_0", "qwen2-tiny-f32", "qwen2-tiny-f16", "qwen2-tiny-q8_0",
+             "qwen2-tiny-q4_0", "qwen2-tiny-q4_1", "qwen2-tiny-q5_0", "qwen2-tiny-q5_1", "llama-tiny-f32",
+             "llama-tiny-q8_0"]
+
+
+def synthetic_model(name: str) -> Path:
+    """Regenerate a synthetic fixture model with ../shared/tools/make_synthetic.py (cached), sha256-checked."""
+    import hashlib
+    import subprocess
+    import sys
+
+    from minfer import hub
+
+    sums = shared_path("fixtures", "llamacpp", "synthetic", "SHA256SUMS")
+    expected = {line.split()[1]: line.split()[0] for line in sums.read_text().splitlines() if line.strip()}
+    fname = f"{name}.gguf"
+    out = hub.cache_dir().parent / "synthetic" / fname
+    if not out.exists() or hashlib.sha256(out.read_bytes()).hexdigest() != expected[fname]:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        preset, qtype = name.rsplit("-", 1)
+        tool = shared_path("tools", "make_synthetic.py")
+        subprocess.run([sys.executable, str(tool), preset, "--type", qtype, "--out", str(out),
+                        "--expect-sha256", expected[fname]], check=True, capture_output=True)
+    return out

@@ -14,9 +14,13 @@ int find_named(const std::vector<BackendSlot>& slots, const char* name) {
 void assign_backends(Graph& g, const std::vector<BackendSlot>& slots, const std::string& pattern) {
     int period = 0;
     int alt[2] = {-1, -1};
-    if (!pattern.empty()) {
+    int only = -1;
+    if (pattern.rfind("only:", 0) == 0) {  // every node on one named backend
+        only = find_named(slots, pattern.c_str() + 5);
+        if (only < 0) throw MinferError(strfmt("assignment '%s': no such backend", pattern.c_str()));
+    } else if (!pattern.empty()) {
         if (pattern.rfind("alternate:", 0) != 0 || (period = std::atoi(pattern.c_str() + 10)) <= 0)
-            throw MinferError(strfmt("unknown backend assignment pattern '%s' (expected alternate:K, K >= 1)", pattern.c_str()));
+            throw MinferError(strfmt("unknown backend assignment pattern '%s' (expected alternate:K, K >= 1, or only:NAME)", pattern.c_str()));
         alt[0] = find_named(slots, "cpu");
         alt[1] = find_named(slots, "reference");
         if (alt[0] < 0 || alt[1] < 0)
@@ -32,7 +36,9 @@ void assign_backends(Graph& g, const std::vector<BackendSlot>& slots, const std:
                                          slots[size_t(n.backend)].backend->name()));
             continue;
         }
-        if (period) {
+        if (only >= 0) {
+            n.backend = slots[size_t(only)].backend->supports_op(n) ? only : -1;
+        } else if (period) {
             int first = alt[(i / size_t(period)) % 2], second = alt[1 - (i / size_t(period)) % 2];
             n.backend = slots[size_t(first)].backend->supports_op(n) ? first
                       : slots[size_t(second)].backend->supports_op(n) ? second : -1;

@@ -34,7 +34,7 @@ enum class Op : uint8_t {
 };
 const char* op_name(Op op);
 
-enum class InputKind : uint8_t { Tokens, Positions };
+enum class InputKind : uint8_t { Tokens, Positions, Data };  // Data: any f32 matrix (op tests)
 
 struct NodeInput {
     int node = -1;   // producer

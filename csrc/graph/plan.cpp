@@ -143,6 +143,22 @@ void Plan::write_input(InputKind kind, const int32_t* values, int n) {
     }
 }
 
+void Plan::write_node(int node, const float* values, size_t n) {
+    const Node& nd = graph_.nodes.at(size_t(node));
+    if (nd.op != Op::Input || n != size_t(std::max(1, nd.rows * nd.cols)))
+        throw MinferError(strfmt("write_node: node '%s' is not an input of %d x %d values", nd.name.c_str(), nd.rows, nd.cols));
+    backend(nd.backend)->write_host(buf_[size_t(node)], 0, values, n);
+}
+
+void Plan::poison() {
+    for (size_t i = 0; i < graph_.nodes.size(); i++) {
+        const Node& n = graph_.nodes[i];
+        if (n.op == Op::Input) continue;
+        std::vector<float> nan(backend(n.backend)->buffer_size(buf_[i]), __builtin_nanf(""));
+        backend(n.backend)->write_host(buf_[i], 0, nan.data(), nan.size());
+    }
+}
+
 std::vector<float> Plan::read_node(int node) {
     const Node& n = graph_.nodes.at(size_t(node));
     std::vector<float> out(size_t(std::max(1, n.rows * n.cols)));

@@ -46,6 +46,8 @@ class Plan {
 
     void execute(OpProfile* profile = nullptr);
     void write_input(InputKind kind, const int32_t* values, int n);
+    void write_node(int node, const float* values, size_t n);  // an Input node's buffer
+    void poison();  // fill every non-input buffer with NaN (tests: unwritten outputs show)
     // The output of `node` after execute (only meaningful for live outputs, or with keep_all).
     std::vector<float> read_node(int node);
 

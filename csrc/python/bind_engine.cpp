@@ -39,6 +39,47 @@ py::dict node_dict(const Plan& p, const Node& n) {
     return d;
 }
 
+Op op_from(const std::string& s) {
+    for (size_t i = 0; i < size_t(Op::Count); i++)
+        if (s == op_name(Op(i))) return Op(i);
+    throw py::value_error("unknown op '" + s + "'");
+}
+
+void meta_from(NodeMeta& m, const py::dict& d) {
+    for (auto item : d) {
+        std::string k = py::str(item.first);
+        py::handle v = item.second;
+        if (k == "weight") m.weight = py::str(v);
+        else if (k == "bias") m.bias = py::str(v);
+        else if (k == "wq") m.wq = py::str(v);
+        else if (k == "wk") m.wk = py::str(v);
+        else if (k == "wv") m.wv = py::str(v);
+        else if (k == "bq") m.bq = py::str(v);
+        else if (k == "bk") m.bk = py::str(v);
+        else if (k == "bv") m.bv = py::str(v);
+        else if (k == "q_norm") m.q_norm = py::str(v);
+        else if (k == "k_norm") m.k_norm = py::str(v);
+        else if (k == "w_gate") m.w_gate = py::str(v);
+        else if (k == "w_up") m.w_up = py::str(v);
+        else if (k == "eps") m.eps = v.cast<float>();
+        else if (k == "n_head") m.n_head = v.cast<int>();
+        else if (k == "n_head_kv") m.n_head_kv = v.cast<int>();
+        else if (k == "head_dim") m.head_dim = v.cast<int>();
+        else if (k == "q_cols") m.q_cols = v.cast<int>();
+        else if (k == "k_cols") m.k_cols = v.cast<int>();
+        else if (k == "v_cols") m.v_cols = v.cast<int>();
+        else if (k == "rope_base") m.rope_base = v.cast<float>();
+        else if (k == "rope_dim") m.rope_dim = v.cast<int>();
+        else if (k == "rope_neox") m.rope_neox = v.cast<bool>();
+        else if (k == "attn_scale") m.attn_scale = v.cast<float>();
+        else if (k == "kv_type") m.kv_type = kv_type_from(py::str(v));
+        else if (k == "n_ctx") m.n_ctx = v.cast<int>();
+        else if (k == "src_row") m.src_row = v.cast<int>();
+        else if (k == "layer") m.layer = v.cast<int>();
+        else throw py::value_error("unknown node meta key '" + k + "'");
+    }
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -134,6 +175,84 @@ void bind_engine(py::module_& m) {
         .def_property_readonly("threads", &Session::n_threads)
         .def_property_readonly("graph_builds", &Session::graph_builds)
         .def_property_readonly("backends", &Session::backend_names)
+        .def("run_ops", [](Session& s, const std::string& backend, const py::list& inputs, const py::list& nodes,
+                           bool poison) {
+            // A small graph over this model's weights: the inputs become Data nodes
+            // 0..k-1, then `nodes` in order; returns every node's output.
+            Graph g;
+            g.params.assignment = "only:" + backend;
+            g.params.fuse = false;
+            std::vector<std::vector<float>> data;
+            for (py::handle h : inputs) {
+                py::array a = py::reinterpret_borrow<py::array>(h);
+                if (a.ndim() != 2) throw py::value_error("run_ops inputs must be 2-D arrays");
+                Node n;
+                n.op = Op::Input;
+                n.meta.input = InputKind::Data;
+                n.rows = int(a.shape(0));
+                n.cols = int(a.shape(1));
+                n.name = "input" + std::to_string(g.nodes.size());
+                std::vector<float> v(size_t(a.size()));
+                if (a.dtype().is(py::dtype::of<int32_t>())) {
+                    auto c = py::array_t<int32_t, py::array::c_style | py::array::forcecast>(a);
+                    std::memcpy(v.data(), c.data(), v.size() * 4);
+                } else {
+                    auto c = py::array_t<float, py::array::c_style | py::array::forcecast>(a);
+                    std::memcpy(v.data(), c.data(), v.size() * 4);
+                }
+                data.push_back(std::move(v));
+                g.add(std::move(n));
+            }
+            int kv_type = -1, n_ctx = 0;
+            for (py::handle h : nodes) {
+                py::dict d = py::reinterpret_borrow<py::dict>(h);
+                Node n;
+                n.op = op_from(py::str(d["op"]));
+                n.rows = d["rows"].cast<int>();
+                n.cols = d["cols"].cast<int>();
+                n.name = d.contains("name") ? std::string(py::str(d["name"])) : std::string(op_name(n.op));
+                for (py::handle in : py::reinterpret_borrow<py::list>(d["inputs"])) {
+                    if (py::isinstance<py::tuple>(in)) {
+                        auto t = in.cast<std::tuple<int, int, int>>();
+                        n.in.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
+                    } else {
+                        n.in.push_back({in.cast<int>(), 0, -1});
+                    }
+                    if (n.in.back().node < 0 || size_t(n.in.back().node) >= g.nodes.size())
+                        throw py::value_error("run_ops: a node input must name an earlier node");
+                }
+                if (d.contains("meta")) meta_from(n.meta, d["meta"]);
+                if (n.op == Op::KvStore || n.op == Op::Attn) {
+                    kv_type = int(n.meta.kv_type);
+                    n_ctx = n.meta.n_ctx;
+                    if (n.meta.layer < 0) n.meta.layer = 0;
+                }
+                g.add(std::move(n));
+            }
+            g.output = int(g.nodes.size()) - 1;
+            KvCache kv;
+            if (kv_type >= 0) {
+                kv.type = uint32_t(kv_type);
+                kv.n_ctx = n_ctx;
+            }
+            std::unique_ptr<Plan> plan = s.plan_for(std::move(g), kv);
+            for (size_t i = 0; i < data.size(); i++) plan->write_node(int(i), data[i].data(), data[i].size());
+            if (poison) plan->poison();
+            {
+                py::gil_scoped_release nogil;
+                plan->execute();
+            }
+            py::list out;
+            for (size_t i = 0; i < plan->graph().nodes.size(); i++) {
+                const Node& n = plan->graph().nodes[i];
+                std::vector<float> v = plan->read_node(int(i));
+                py::array_t<float> a({py::ssize_t(n.rows), py::ssize_t(std::max(1, n.cols))});
+                std::memcpy(a.mutable_data(), v.data(), size_t(a.size()) * 4);
+                out.append(a);
+            }
+            return out;
+        }, py::arg("backend"), py::arg("inputs"), py::arg("nodes"), py::arg("poison") = true,
+           "run a hand-built graph (inputs, then nodes) on one backend; returns every node's output")
         .def("op_profile", [](const Session& s) {
             py::dict d;
             const OpProfile& p = s.op_profile();

@@ -97,6 +97,10 @@ Plan& Session::plan(int n_tokens, bool all_logits) {
     return *plans_.front().second;
 }
 
+std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) {
+    return std::make_unique<Plan>(std::move(graph), slots_, kv, true);
+}
+
 void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out) {
     const ModelConfig& c = model_->config();
     if (n <= 0) throw MinferError("eval: no tokens (an empty prompt)");

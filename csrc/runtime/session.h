@@ -54,6 +54,8 @@ class Session {
 
     // The plan for a step shape (built on first use, then cached).
     Plan& plan(int n_tokens, bool all_logits);
+    // A plan for any graph over this model's weights (op tests); not cached, own KV cache.
+    std::unique_ptr<Plan> plan_for(Graph graph, KvCache& kv);
 
     const Model& model() const { return *model_; }
     int n_ctx() const { return opts_.n_ctx; }

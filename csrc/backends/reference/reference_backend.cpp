@@ -6,6 +6,7 @@
 
 #include "backends/kv_format.h"
 #include "common/error.h"
+#include "common/half.h"
 #include "quant/quant.h"
 
 namespace minfer {
@@ -20,6 +21,24 @@ void rmsnorm(const float* x, float* y, int64_t n, const float* w, double eps) {
     for (int64_t i = 0; i < n; i++) ss += double(x[i]) * x[i];
     double scale = 1.0 / std::sqrt(ss / double(n) + eps);
     for (int64_t i = 0; i < n; i++) y[i] = float(x[i] * scale * w[i]);
+}
+
+// Q4_1/Q5_1 weights (x = d*q + m) meet Q8_1 activations through the block sum
+// s = d_a * sum(q_a), which Q8_1 stores in f16.  The kernels use that stored s, so
+// the exact dot of the quantized operands is the dequantized dot plus, per
+// block, m * (s - d_a * sum(q_a)).
+double q8_1_sum_correction(const uint8_t* wrow, uint32_t wtype, const uint8_t* act, int64_t k) {
+    const size_t wb = size_t(type_traits(wtype).type_size);
+    double c = 0.0;
+    for (int64_t b = 0; b < k / QK8_1; b++) {
+        const block_q8_1& a = ((const block_q8_1*)act)[b];
+        uint16_t m;
+        std::memcpy(&m, wrow + size_t(b) * wb + 2, 2);  // d, m are the first two f16 of Q4_1 and Q5_1
+        int sum = 0;
+        for (int i = 0; i < QK8_1; i++) sum += a.qs[i];
+        c += double(f16_to_f32(m)) * (double(f16_to_f32(a.s)) - double(f16_to_f32(a.d)) * sum);
+    }
+    return c;
 }
 
 }  // namespace
@@ -79,9 +98,11 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                 quantize_row_act(at_type, in(0, r), q.data(), k);
                 dequantize_row(at_type, q.data(), x.data(), k);
                 for (int64_t o = 0; o < cols; o++) {
-                    dequantize_row(w.type, w.data + size_t(o) * row_size(w.type, k), wr.data(), k);
+                    const uint8_t* wrow = w.data + size_t(o) * row_size(w.type, k);
+                    dequantize_row(w.type, wrow, wr.data(), k);
                     double s = 0.0;
                     for (int64_t i = 0; i < k; i++) s += double(wr[size_t(i)]) * x[size_t(i)];
+                    if (at_type == GGML_TYPE_Q8_1) s += q8_1_sum_correction(wrow, w.type, q.data(), k);
                     y[size_t(o)] = float(s + (bias ? bias[o] : 0.0));
                 }
                 std::memcpy(out(r), y.data(), size_t(cols) * 4);

@@ -1,0 +1,217 @@
+"""Rung 1-2 for the graph ops: every op on the CPU backend against the
+reference backend (float64, scalar), through the real scheduler (a hand-built
+graph per case), at real model shapes, random inputs, poisoned outputs.
+
+Tolerances: ops whose CPU kernel rounds differently from float64 only in the
+last bits are held to a few float32 ulps relative to the data's scale; MatMul to
+the float rounding bound of its dot products (see tests/test_dot.py); attention
+to 1e-5 of the value scale (f32 softmax and accumulation vs float64)."""
+import numpy as np
+import pytest
+
+import minfer
+from conftest import real_model, synthetic_model
+from minfer.quants import dequantize, quantize_act, type_info, vec_dot_type
+
+U = 2.0 ** -24
+
+
+@pytest.fixture(scope="module")
+def q15():
+    # the 1.5B model: hidden 1536, 12 heads / 2 KV heads of 128, ffn 8960, vocab 151936
+    m = minfer._minfer.Model(str(real_model("qwen2.5-coder-1.5b")))
+    return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
+
+
+@pytest.fixture(scope="module")
+def q05():
+    m = minfer._minfer.Model(str(real_model("qwen2.5-coder-0.5b")))
+    return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    m = minfer._minfer.Model(str(real_model("smollm2-135m")))
+    return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
+
+
+@pytest.fixture(scope="module")
+def qwen3():
+    m = minfer._minfer.Model(str(synthetic_model("qwen3-tiny-q8_0")))
+    return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
+
+
+def both(sess, inputs, nodes):
+    cpu = sess.run_ops("cpu", inputs, nodes)
+    ref = sess.run_ops("reference", inputs, nodes)
+    for i, a in enumerate(cpu[len(inputs):]):
+        if nodes[i]["op"] != "KvStore":
+            assert np.all(np.isfinite(a)), f"{nodes[i]['op']}: unwritten (poisoned) or non-finite outputs"
+    return cpu[-1], ref[-1]
+
+
+def close(cpu, ref, rel):
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    assert np.abs(cpu - ref).max() <= rel * scale, (np.abs(cpu - ref).max(), scale)
+
+
+def test_rmsnorm(q15, rng):
+    m, s = q15
+    for n in (1, 9):
+        x = (rng.standard_normal((n, 1536)) * 3).astype(np.float32)
+        cpu, ref = both(s, [x], [dict(op="RmsNorm", inputs=[0], rows=n, cols=1536,
+                                      meta=dict(weight="blk.3.attn_norm.weight", eps=1e-6))])
+        close(cpu, ref, 8 * U)
+
+
+def test_qknorm(qwen3, rng):
+    m, s = qwen3
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    cpu, ref = both(s, [x], [dict(op="QkNorm", inputs=[0], rows=5, cols=256,
+                                  meta=dict(weight="blk.1.attn_q_norm.weight", eps=1e-6, head_dim=64))])
+    close(cpu, ref, 8 * U)
+
+
+@pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 64), (True, 64, 32)])
+def test_rope(q15, rng, neox, head_dim, rope_dim):
+    m, s = q15
+    n, heads = 7, 12
+    x = rng.standard_normal((n, heads * head_dim)).astype(np.float32)
+    pos = rng.integers(0, 30000, size=(n, 1)).astype(np.int32)
+    cpu, ref = both(s, [x, pos], [dict(op="Rope", inputs=[0, 1], rows=n, cols=heads * head_dim,
+                                       meta=dict(head_dim=head_dim, rope_dim=rope_dim, rope_base=1e6, rope_neox=neox))])
+    close(cpu, ref, 16 * U)
+    # the unrotated tail of each head passes through unchanged
+    tail = cpu.reshape(n, heads, head_dim)[..., rope_dim:]
+    assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul", "Silu", "SwiGLU"])
+def test_elementwise(q15, rng, op):
+    m, s = q15
+    a = (rng.standard_normal((4, 8960)) * 4).astype(np.float32)
+    b = rng.standard_normal((4, 8960)).astype(np.float32)
+    ins = [0] if op == "Silu" else [0, 1]
+    cpu, ref = both(s, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960)])
+    close(cpu, ref, 4 * U)
+
+
+def test_getrows_and_tailrow(q15, rng):
+    m, s = q15
+    ids = rng.integers(0, 151936, size=(6, 1)).astype(np.int32)
+    cpu, ref = both(s, [ids], [dict(op="GetRows", inputs=[0], rows=6, cols=1536, meta=dict(weight="token_embd.weight")),
+                               dict(op="TailRow", inputs=[1], rows=1, cols=1536, meta=dict(src_row=5))])
+    assert np.array_equal(cpu, ref)
+    emb = minfer.gguf.open(real_model("qwen2.5-coder-1.5b")).tensors["token_embd.weight"]
+    assert np.array_equal(cpu[0], dequantize(emb.data[ids[-1, 0]], emb.type))
+
+
+def matmul_bound(model_path, weight, x):
+    """Per element: the dot products' float rounding bound 4 * n_terms * u * sum|w||a|."""
+    t = minfer.gguf.open(model_path).tensors[weight]
+    w = t.data
+    at = vec_dot_type(t.type)
+    a = np.stack([dequantize(quantize_act(r, at), at) for r in x]).astype(np.float64)
+    S = np.zeros((x.shape[0], w.shape[0]))
+    for r0 in range(0, w.shape[0], 8192):
+        wd = dequantize(np.ascontiguousarray(w[r0:r0 + 8192]), t.type).reshape(-1, x.shape[1]).astype(np.float64)
+        S[:, r0:r0 + wd.shape[0]] = np.abs(a) @ np.abs(wd).T
+    n_terms = x.shape[1] // type_info(t.type)[1] + x.shape[1] // 16 + 8
+    return 4 * n_terms * U * S + 1e-30
+
+
+@pytest.mark.parametrize("fixture,weight,bias,n", [
+    ("q15", "blk.0.attn_q.weight", "blk.0.attn_q.bias", 7),    # Q4_K 1536 x 1536 + bias
+    ("q15", "blk.0.attn_v.weight", "blk.0.attn_v.bias", 1),    # Q6_K 256 x 1536
+    ("q15", "blk.5.ffn_down.weight", "", 3),                   # Q6_K 1536 x 8960
+    ("q15", "output.weight", "", 1),                           # Q6_K 151936 x 1536
+    ("q05", "blk.0.ffn_gate.weight", "", 5),                   # Q5_0 4864 x 896
+    ("q05", "output.weight", "", 2),                           # Q8_0 151936 x 896
+    ("smol", "blk.2.ffn_up.weight", "", 4),                    # Q4_1 1536 x 576
+])
+def test_matmul(request, rng, fixture, weight, bias, n):
+    m, s = request.getfixturevalue(fixture)
+    name = {"q15": "qwen2.5-coder-1.5b", "q05": "qwen2.5-coder-0.5b", "smol": "smollm2-135m"}[fixture]
+    info = minfer.gguf.open(real_model(name)).tensors[weight]
+    rows, cols = info.shape
+    x = rng.standard_normal((n, cols)).astype(np.float32)
+    meta = dict(weight=weight)
+    if bias:
+        meta["bias"] = bias
+    cpu, ref = both(s, [x], [dict(op="MatMul", inputs=[0], rows=n, cols=rows, meta=meta)])
+    bound = matmul_bound(real_model(name), weight, x)
+    assert np.all(np.abs(cpu - ref) <= bound + (np.abs(ref) * 4 * U if bias else 0)), np.abs(cpu - ref).max()
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(12, 2, 128), (9, 3, 64)])
+def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim):
+    m, s = q15
+    n, n_ctx = 37, 64
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((n, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n, n_head_kv * head_dim)).astype(np.float32)
+    pos = (np.arange(n) + 20).astype(np.int32).reshape(n, 1)  # positions 20..56 of a 64-cell cache
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type=kv_type, n_ctx=n_ctx,
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=n, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 3, 4], rows=n, cols=n_head * head_dim, meta=meta)]
+    # cells 0..19 were never written: zero-filled, and attended to (causal over 0..pos)
+    cpu, ref = both(s, [q, k, v, pos], nodes)
+    close(cpu, ref, 1e-5)
+    # an independent check of the math (f32 cache: exact softmax attention over the stored rows)
+    if kv_type == "f32":
+        K = np.zeros((n_ctx, n_head_kv * head_dim)); V = np.zeros_like(K)
+        K[20:20 + n], V[20:20 + n] = k, v
+        g = n_head // n_head_kv
+        for r in (0, n - 1):
+            for h in (0, n_head - 1):
+                kh = slice((h // g) * head_dim, (h // g + 1) * head_dim)
+                sc = K[: pos[r, 0] + 1, kh] @ q[r, h * head_dim:(h + 1) * head_dim] / np.sqrt(head_dim)
+                p = np.exp(sc - sc.max()); p /= p.sum()
+                assert np.allclose(cpu[r, h * head_dim:(h + 1) * head_dim], p @ V[: pos[r, 0] + 1, kh], atol=1e-5)
+
+
+def test_fused_qkv_and_ffn_match_unfused(q15, rng):
+    # fused ops exist only on the CPU: compare them with the reference's unfused nodes
+    m, s = q15
+    x = rng.standard_normal((3, 1536)).astype(np.float32)
+    L = "blk.4."
+    fused = s.run_ops("cpu", [x], [dict(op="FusedQKV", inputs=[0], rows=3, cols=1536 + 512, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256))])[-1]
+    parts = [s.run_ops("reference", [x], [dict(op="MatMul", inputs=[0], rows=3, cols=c,
+                                               meta=dict(weight=L + f"attn_{p}.weight", bias=L + f"attn_{p}.bias"))])[-1]
+             for p, c in (("q", 1536), ("k", 256), ("v", 256))]
+    close(fused, np.concatenate(parts, 1), 1e-5)
+    ffn = s.run_ops("cpu", [x], [dict(op="FusedFFN", inputs=[0], rows=3, cols=8960,
+                                      meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))])[-1]
+    ref = s.run_ops("reference", [x], [
+        dict(op="MatMul", inputs=[0], rows=3, cols=8960, meta=dict(weight=L + "ffn_gate.weight")),
+        dict(op="MatMul", inputs=[0], rows=3, cols=8960, meta=dict(weight=L + "ffn_up.weight")),
+        dict(op="SwiGLU", inputs=[1, 2], rows=3, cols=8960)])[-1]
+    close(ffn, ref, 1e-5)
+
+
+def test_fused_qkv_norm_matches_unfused(qwen3, rng):
+    m, s = qwen3
+    x = rng.standard_normal((2, 128)).astype(np.float32)
+    L = "blk.0."
+    fused = s.run_ops("cpu", [x], [dict(op="FusedQkvNorm", inputs=[0], rows=2, cols=256 + 128 + 128, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", q_norm=L + "attn_q_norm.weight",
+        k_norm=L + "attn_k_norm.weight", q_cols=256, k_cols=128, v_cols=128, head_dim=64, eps=1e-6))])[-1]
+    ref = s.run_ops("reference", [x], [
+        dict(op="MatMul", inputs=[0], rows=2, cols=256, meta=dict(weight=L + "attn_q.weight")),
+        dict(op="MatMul", inputs=[0], rows=2, cols=128, meta=dict(weight=L + "attn_k.weight")),
+        dict(op="MatMul", inputs=[0], rows=2, cols=128, meta=dict(weight=L + "attn_v.weight")),
+        dict(op="QkNorm", inputs=[1], rows=2, cols=256, meta=dict(weight=L + "attn_q_norm.weight", eps=1e-6, head_dim=64)),
+        dict(op="QkNorm", inputs=[2], rows=2, cols=128, meta=dict(weight=L + "attn_k_norm.weight", eps=1e-6, head_dim=64)),
+    ])
+    close(fused, np.concatenate([ref[4], ref[5], ref[3]], 1), 1e-5)
+
+
+def test_bad_token_id_is_an_error(q15):
+    m, s = q15
+    with pytest.raises(minfer.MinferError, match="token id 151936 is out of range for 'token_embd.weight'"):
+        s.run_ops("cpu", [np.array([[151936]], np.int32)],
+                  [dict(op="GetRows", inputs=[0], rows=1, cols=1536, meta=dict(weight="token_embd.weight"))])

@@ -1,0 +1,135 @@
+"""The session: graph reuse, the context limit, bad input, plan inspection,
+fusion, KV cache types, and the trace/profile levers."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import minfer
+from conftest import real_model, synthetic_model
+
+M = minfer._minfer
+
+
+@pytest.fixture(scope="module")
+def qwen2():
+    return M.Model(str(synthetic_model("qwen2-tiny-q8_0")))
+
+
+def test_decode_reuses_one_graph(qwen2):
+    s = M.Session(qwen2, threads=2, n_ctx=128)
+    prompt = np.arange(100, 116, dtype=np.int32)
+    s.eval(prompt, 0)
+    assert s.graph_builds == 1
+    tok = 7
+    for k in range(64):
+        tok = int(s.eval(np.array([tok], np.int32), 16 + k)[0].argmax())
+    assert s.graph_builds == 2, "a 64-token decode builds the decode graph once"
+
+
+def test_decode_equals_prefill(qwen2):
+    # the same tokens through one prompt step or token by token give the same logits
+    ids = np.array([5, 900, 77, 3, 12000, 42], np.int32)
+    a = M.Session(qwen2, threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
+    s = M.Session(qwen2, threads=2, n_ctx=32)
+    b = np.concatenate([s.eval(ids[i:i + 1], i) for i in range(len(ids))])
+    assert np.abs(a - b).max() <= 1e-4 * np.abs(a).max()
+
+
+def test_context_and_input_errors(qwen2):
+    s = M.Session(qwen2, threads=2, n_ctx=16)
+    with pytest.raises(minfer.MinferError, match="17 tokens at position 0 exceed the context of 16 tokens"):
+        s.eval(np.zeros(17, np.int32), 0)
+    with pytest.raises(minfer.MinferError, match="1 tokens at position 16 exceed the context of 16"):
+        s.eval(np.zeros(1, np.int32), 16)
+    with pytest.raises(minfer.MinferError, match="no tokens"):
+        s.eval(np.zeros(0, np.int32), 0)
+    with pytest.raises(minfer.MinferError, match=r"token id 151936 at index 1 is out of range \[0, 151936\)"):
+        s.eval(np.array([1, 151936], np.int32), 0)
+    with pytest.raises(minfer.MinferError, match="token id -1"):
+        s.eval(np.array([-1], np.int32), 0)
+    assert s.graph_builds == 0, "errors are raised before any graph is built or run"
+    with pytest.raises(minfer.MinferError, match="n_ctx 100000 is larger than the model's context length"):
+        M.Session(qwen2, n_ctx=100000)
+    with pytest.raises(ValueError, match="kv_type must be"):
+        M.Session(qwen2, kv_type="q4_0")
+    with pytest.raises(minfer.MinferError, match="unknown backend assignment pattern"):
+        M.Session(qwen2, assignment="random").eval(np.zeros(1, np.int32), 0)
+
+
+def test_unsupported_architecture(tmp_path):
+    from gguf_writer import STR, build_gguf, f32_tensor
+
+    p = tmp_path / "g.gguf"
+    p.write_bytes(build_gguf([("general.architecture", STR, "gemma3")], [f32_tensor("x", np.ones(4))]).data)
+    with pytest.raises(minfer.MinferError, match="architecture 'gemma3' is not supported"):
+        M.Model(str(p))
+
+
+def test_missing_tensor(tmp_path):
+    from gguf_writer import STR, U32, F32, build_gguf, f32_tensor
+
+    kv = [("general.architecture", STR, "llama"), ("llama.block_count", U32, 1), ("llama.embedding_length", U32, 8),
+          ("llama.feed_forward_length", U32, 16), ("llama.attention.head_count", U32, 2),
+          ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5)]
+    p = tmp_path / "m.gguf"
+    p.write_bytes(build_gguf(kv, [f32_tensor("token_embd.weight", np.ones((10, 8))),
+                                  f32_tensor("output_norm.weight", np.ones(8))]).data)
+    with pytest.raises(minfer.MinferError, match="has no tensor 'blk.0.attn_norm.weight'"):
+        M.Model(str(p))
+
+
+def test_plan_inspection_and_fusion(qwen2):
+    s = M.Session(qwen2, threads=2, n_ctx=32)
+    plan = s.plan(1)
+    ops = [n["op"] for n in plan.nodes]
+    # CPU-only decode: q/k/v and gate/up are fused, Mul(Silu) became part of FusedFFN
+    assert ops.count("FusedQKV") == 2 and ops.count("FusedFFN") == 2
+    assert "Silu" not in ops and "MatMul" in ops and plan.fusions == 6  # 2 x (SwiGLU, FFN, QKV)
+    assert len(plan.splits) == 1 and plan.splits[0]["backend"] == 0
+    rope_q = next(n for n in plan.nodes if n["name"] == "blk.0.rope_q")
+    fused = rope_q["inputs"][0]
+    assert plan.nodes[fused[0]]["op"] == "FusedQKV" and fused[1:] == (0, 128)  # q's window of [q|k|v]
+    assert "op x backend" in plan.trace()
+    unfused = M.Session(qwen2, threads=2, n_ctx=32, fuse=False).plan(1)
+    assert unfused.fusions == 0 and "FusedQKV" not in [n["op"] for n in unfused.nodes]
+
+
+def test_fused_and_unfused_agree(qwen2):
+    ids = np.array([11, 22, 33, 44], np.int32)
+    a = M.Session(qwen2, threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
+    b = M.Session(qwen2, threads=2, n_ctx=32, fuse=False).eval(ids, 0, all_logits=True)
+    assert np.array_equal(a, b), "fusion changes how work is grouped, not one rounding"
+
+
+def test_step_by_step_read(qwen2):
+    s = M.Session(qwen2, threads=2, n_ctx=32, keep_all=True)
+    ids = np.array([5, 6, 7], np.int32)
+    logits = s.eval(ids, 0, all_logits=True)
+    plan = s.plan(3, True)
+    assert np.array_equal(plan.read(plan.output), logits)
+    emb = plan.read(2)  # token_embd rows
+    w = minfer.gguf.open(synthetic_model("qwen2-tiny-q8_0")).tensors["token_embd.weight"]
+    assert np.array_equal(emb[1], minfer.quants.dequantize(w.data[6], w.type))
+
+
+@pytest.mark.parametrize("kv_type,tol", [("f32", 5e-3), ("q8_0", 5e-2)])
+def test_kv_cache_types(kv_type, tol):
+    model = M.Model(str(synthetic_model("qwen3-tiny-f32")))
+    ids = np.arange(1000, 1040, dtype=np.int32)
+    base = M.Session(model, threads=2, n_ctx=64).eval(ids, 0, all_logits=True)
+    other = M.Session(model, threads=2, n_ctx=64, kv_type=kv_type).eval(ids, 0, all_logits=True)
+    assert np.abs(base - other).max() <= tol
+
+
+def test_trace_and_profile_levers():
+    code = ("import numpy as np, minfer._minfer as M; m = M.Model(%r); s = M.Session(m, threads=1, n_ctx=16); "
+            "s.eval(np.array([1, 2], np.int32), 0); p = s.op_profile(); assert p['MatMul'][1] > 0, p" %
+            str(synthetic_model("llama-tiny-q8_0")))
+    env = {**os.environ, "MINFER_GRAPH_TRACE": "1", "MINFER_OP_PROFILE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "split 0: cpu" in r.stderr and "op x backend" in r.stderr and "FusedFFN" in r.stderr
+    assert "minfer op profile" in r.stderr
