@@ -1,7 +1,7 @@
 #include "gguf/gguf.h"
 
 #include <cstring>
-#include <regex>
+#include <cstdlib>
 
 #include "common/error.h"
 #include "quant/types.h"
@@ -285,14 +285,32 @@ void GGUF::parse_file(int index) {
     }
 }
 
+// "NAME-00001-of-00003.gguf" -> (NAME, 3); false for any other name.  Parsed by
+// hand: the name comes from the user, and std::regex is slow to build and has
+// misbehaved where two C++ runtimes meet in one process.
+static bool parse_split_name(const std::string& path, std::string* stem, int* count) {
+    const std::string tail = ".gguf";
+    const size_t n = path.size(), need = 1 + 5 + 4 + 5 + tail.size();  // -NNNNN-of-NNNNN.gguf
+    if (n < need || path.compare(n - tail.size(), tail.size(), tail) != 0) return false;
+    const size_t p = n - need;
+    auto digits = [&](size_t at) {
+        for (size_t i = at; i < at + 5; i++)
+            if (path[i] < '0' || path[i] > '9') return false;
+        return true;
+    };
+    if (path[p] != '-' || !digits(p + 1) || path.compare(p + 6, 4, "-of-") != 0 || !digits(p + 10)) return false;
+    *stem = path.substr(0, p);
+    *count = std::atoi(path.substr(p + 10, 5).c_str());
+    return true;
+}
+
 std::shared_ptr<GGUF> GGUF::open(const std::string& path) {
     std::shared_ptr<GGUF> g(new GGUF());
-    static const std::regex split_re("^(.*)-([0-9]{5})-of-([0-9]{5})\\.gguf$");
-    std::smatch m;
-    if (std::regex_match(path, m, split_re)) {
-        int count = std::stoi(m[3].str());
+    std::string stem;
+    int count = 0;
+    if (parse_split_name(path, &stem, &count)) {
         if (count < 1) throw GGUFError(strfmt("GGUF file '%s': split count %d in the name is invalid", path.c_str(), count));
-        for (int i = 1; i <= count; i++) g->paths_.push_back(strfmt("%s-%05d-of-%05d.gguf", m[1].str().c_str(), i, count));
+        for (int i = 1; i <= count; i++) g->paths_.push_back(strfmt("%s-%05d-of-%05d.gguf", stem.c_str(), i, count));
     } else {
         g->paths_.push_back(path);
     }

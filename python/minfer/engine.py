@@ -1,0 +1,56 @@
+"""The engine from Python: a model, a session over it, and the decode loop.
+
+    >>> import minfer.engine as E
+    >>> sess = E.session("qwen2.5-coder-0.5b", threads=2)        # a name from minfer.hub, or a path
+    >>> for tok in E.greedy(sess, [9707, 11, 1879], max_tokens=8):
+    ...     print(tok)
+
+The native objects (`minfer._minfer.Model`, `Session`, `Plan`) do the work: a
+Session evaluates one step (a prompt, or one token) and returns logits; the
+loop that turns logits into the next token lives here, in Python.
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from . import _minfer, hub
+
+Model = _minfer.Model
+Session = _minfer.Session
+
+
+def resolve(path_or_name: str | os.PathLike) -> str:
+    """A local GGUF path, or a model name known to minfer.hub (downloaded once)."""
+    p = os.fspath(path_or_name)
+    if os.path.exists(p):
+        return p
+    if p in hub.MODELS:
+        return str(hub.fetch(p))
+    raise FileNotFoundError(f"{p!r} is neither a file nor a known model ({', '.join(sorted(hub.MODELS))})")
+
+
+def load(path_or_name: str | os.PathLike) -> Model:
+    return Model(resolve(path_or_name))
+
+
+def session(path_or_name, n_ctx: int = 0, threads: int = 0, kv_type: str = "f16", **kw) -> Session:
+    return Session(load(path_or_name), n_ctx=n_ctx, threads=threads, kv_type=kv_type, **kw)
+
+
+def greedy(sess: Session, prompt: Iterable[int], max_tokens: int, start_pos: int = 0,
+           stop: Iterable[int] = ()) -> Iterator[int]:
+    """Yields greedily decoded token ids: one prompt step, then one step per token."""
+    ids = np.asarray(list(prompt), dtype=np.int32)
+    stop = set(stop)
+    logits = sess.eval(ids, start_pos)
+    pos = start_pos + len(ids)
+    for _ in range(max_tokens):
+        tok = int(np.argmax(logits[-1]))
+        yield tok
+        if tok in stop or pos >= sess.n_ctx:
+            return
+        logits = sess.eval(np.array([tok], np.int32), pos)
+        pos += 1
