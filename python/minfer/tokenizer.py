@@ -1,0 +1,245 @@
+"""Tokenizers built from a GGUF file's own vocabulary.
+
+Byte-level BPE (`tokenizer.ggml.model = gpt2`) with the pre-tokenizers that
+`tokenizer.ggml.pre` names.  Text -> ids in four steps:
+
+  1. special tokens: the text is cut at the vocabulary's special tokens.  User-
+     defined tokens (e.g. Qwen's <tool_call>) are always recognised; control
+     tokens (<|im_start|>, ...) only when parse_special=True, which chat
+     templates ask for and user content never does;
+  2. pre-tokenization: each remaining span is split into words by the regexes
+     of its pre-tokenizer (applied in sequence: each splits the pieces of the
+     previous one, keeping both the matches and the text between them);
+  3. bytes -> symbols: every byte of a word becomes one printable character
+     (the GPT-2 byte map), so BPE never sees an unknown character;
+  4. merges: adjacent symbols are merged, lowest merge rank first, until no
+     ranked pair remains; each final symbol is a token.
+
+Decoding maps the symbols back to bytes; `Detokenizer` does it incrementally and
+never emits half of a UTF-8 character.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import regex
+
+from . import gguf as gguf_mod
+
+# token types in tokenizer.ggml.token_type
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+PRE_TOKENIZERS = {
+    # Qwen2 / Qwen2.5 / DeepSeek-R1-distill-Qwen: single digits, letters with one leading non-letter
+    "qwen2": [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    # Llama 3: as qwen2 with digits in runs of up to three
+    "llama-bpe": [_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"],
+    # SmolLM: every digit alone, then GPT-2's rules
+    "smollm": [r"\p{N}", _GPT2],
+    "gpt-2": [_GPT2],
+}
+PRE_TOKENIZERS["deepseek-r1-qwen"] = PRE_TOKENIZERS["qwen2"]
+PRE_TOKENIZERS["llama3"] = PRE_TOKENIZERS["llama-bpe"]
+# "default": llama.cpp's fallback for unknown names (GPT-2-like, with digit runs of 1-3)
+PRE_TOKENIZERS["default"] = [r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]"]
+
+# Vocabularies that mark these end-of-turn/end-of-text tokens as normal text are
+# wrong; like llama.cpp we treat them as control tokens (and as end of generation).
+EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>",
+             "<EOT>", "<|end_of_text|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>"}
+
+
+class TokenizerError(ValueError):
+    pass
+
+
+@functools.lru_cache(maxsize=1)
+def byte_map() -> tuple[dict, dict]:
+    """GPT-2's bijection between bytes and printable characters (byte -> char, char -> byte)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[b] = chr(b)
+        else:
+            chars[b] = chr(256 + extra)
+            extra += 1
+    return chars, {c: b for b, c in chars.items()}
+
+
+@dataclass
+class Special:
+    eog: frozenset      # end-of-generation ids
+    bos: int | None
+    eos: int | None
+    add_bos: bool
+    add_eos: bool
+
+
+class BPETokenizer:
+    def __init__(self, meta: dict):
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise TokenizerError(f"tokenizer model {model!r} is not supported yet (byte-level BPE 'gpt2' is)")
+        self.tokens: list[str] = meta["tokenizer.ggml.tokens"]
+        self.types: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
+        for i, t in enumerate(self.tokens):
+            if t in EOG_TEXTS and self.types[i] == NORMAL:
+                self.types[i] = CONTROL
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        merges = meta.get("tokenizer.ggml.merges", [])
+        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
+        self.pre = meta.get("tokenizer.ggml.pre", "default")
+        if self.pre not in PRE_TOKENIZERS:
+            raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported ({', '.join(sorted(PRE_TOKENIZERS))})")
+        self.ignore_merges = self.pre in ("llama-bpe", "llama3")  # whole words in the vocab win
+        self.regexes = [regex.compile(r) for r in PRE_TOKENIZERS[self.pre]]
+        self.byte_to_char, self.char_to_byte = byte_map()
+
+        def pick(key):
+            v = meta.get(key)
+            return int(v) if v is not None and 0 <= int(v) < len(self.tokens) else None
+        eog = {i for i, t in enumerate(self.tokens) if t in EOG_TEXTS}
+        eos = pick("tokenizer.ggml.eos_token_id")
+        if eos is not None:
+            eog.add(eos)
+        eot = pick("tokenizer.ggml.eot_token_id")
+        if eot is not None:
+            eog.add(eot)
+        self.special = Special(frozenset(eog), pick("tokenizer.ggml.bos_token_id"), eos,
+                               bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                               bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+        specials = [(t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED) and t]
+        specials.sort(key=lambda ti: -len(ti[0]))  # longest first, so no token cuts a longer one
+        self._special_all = self._special_re([t for t, _ in specials])
+        self._special_user = self._special_re([t for t, i in specials if self.types[i] == USER_DEFINED])
+
+    @staticmethod
+    def _special_re(texts):
+        return regex.compile("(" + "|".join(regex.escape(t) for t in texts) + ")") if texts else None
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    # -- encoding ---------------------------------------------------------------
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ids = []
+        if add_special and self.special.add_bos and self.special.bos is not None:
+            ids.append(self.special.bos)
+        splitter = self._special_all if parse_special else self._special_user
+        pieces = splitter.split(text) if splitter else [text]
+        for k, piece in enumerate(pieces):
+            if k % 2 == 1:  # a special token matched by the splitter's group
+                ids.append(self.vocab[piece])
+            elif piece:
+                for word in self._pre_tokenize(piece):
+                    ids.extend(self._bpe_word(word))
+        if add_special and self.special.add_eos and self.special.eos is not None:
+            ids.append(self.special.eos)
+        return ids
+
+    def _pre_tokenize(self, text: str) -> list[str]:
+        words = [text]
+        for rx in self.regexes:
+            out = []
+            for w in words:
+                pos = 0
+                for m in rx.finditer(w):
+                    if m.start() > pos:
+                        out.append(w[pos:m.start()])
+                    if m.end() > m.start():
+                        out.append(m.group())
+                    pos = m.end()
+                if pos < len(w):
+                    out.append(w[pos:])
+            words = out
+        return words
+
+    @functools.lru_cache(maxsize=65536)
+    def _bpe_word(self, word: str) -> tuple[int, ...]:
+        sym = "".join(self.byte_to_char[b] for b in word.encode("utf-8"))
+        if self.ignore_merges and sym in self.vocab:
+            return (self.vocab[sym],)
+        parts = list(sym)
+        while len(parts) > 1:
+            best, best_rank = None, None
+            for i in range(len(parts) - 1):
+                r = self.ranks.get((parts[i], parts[i + 1]))
+                if r is not None and (best_rank is None or r < best_rank):
+                    best, best_rank = i, r
+            if best is None:
+                break
+            a, b = parts[best], parts[best + 1]
+            merged, i = [], 0
+            while i < len(parts):  # merge every occurrence of the pair, left to right
+                if i < len(parts) - 1 and parts[i] == a and parts[i + 1] == b:
+                    merged.append(a + b)
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        out = []
+        for p in parts:
+            if p in self.vocab:
+                out.append(self.vocab[p])
+            else:  # a symbol the vocabulary lacks: fall back to its single bytes
+                out.extend(self.vocab[c] for c in p if c in self.vocab)
+        return tuple(out)
+
+    # -- decoding ---------------------------------------------------------------
+    def token_bytes(self, tok: int, special: bool = False) -> bytes:
+        """The bytes of one token; control tokens render as their text only if `special`."""
+        if tok < 0 or tok >= len(self.tokens):
+            raise TokenizerError(f"token id {tok} is out of range [0, {len(self.tokens)})")
+        t, ty = self.tokens[tok], self.types[tok]
+        if ty in (CONTROL, UNUSED, UNKNOWN):
+            return t.encode() if special else b""
+        if ty == USER_DEFINED:
+            return t.encode()
+        return bytes(self.char_to_byte.get(c, ord("?")) for c in t)
+
+    def decode(self, ids, special: bool = False) -> str:
+        return b"".join(self.token_bytes(int(i), special) for i in ids).decode("utf-8", errors="replace")
+
+
+class Detokenizer:
+    """Incremental decoding for streaming: push(token) returns the new text that
+    is complete UTF-8; a character split across tokens waits for its last byte."""
+
+    def __init__(self, tok: BPETokenizer, special: bool = False):
+        self.tok, self.special, self.pending = tok, special, b""
+
+    def push(self, token: int) -> str:
+        self.pending += self.tok.token_bytes(token, self.special)
+        cut = _complete_prefix(self.pending)
+        text, self.pending = self.pending[:cut], self.pending[cut:]
+        return text.decode("utf-8", errors="replace")
+
+    def flush(self) -> str:
+        text, self.pending = self.pending, b""
+        return text.decode("utf-8", errors="replace")
+
+
+def _complete_prefix(b: bytes) -> int:
+    """Length of the longest prefix that does not end inside a UTF-8 sequence."""
+    n = len(b)
+    for back in range(1, min(4, n) + 1):
+        c = b[n - back]
+        if c & 0xC0 == 0x80:      # continuation byte: keep looking for the lead byte
+            continue
+        if c & 0x80 == 0:         # ASCII
+            return n
+        need = 2 if c & 0xE0 == 0xC0 else 3 if c & 0xF0 == 0xE0 else 4 if c & 0xF8 == 0xF0 else 1
+        return n if back >= need else n - back
+    return n
+
+
+def from_gguf(path_or_file) -> BPETokenizer:
+    f = path_or_file if isinstance(path_or_file, gguf_mod.GGUFFile) else gguf_mod.open(path_or_file)
+    return BPETokenizer(f.metadata)

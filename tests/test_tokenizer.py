@@ -1,0 +1,72 @@
+"""The BPE tokenizer against llama.cpp's tokenizer test vectors
+(../shared/fixtures/vocab) and against llama.cpp's tokenization of the fixture
+strings and prompts on the real models; decoding and streaming."""
+import json
+
+import numpy as np
+import pytest
+
+from conftest import real_model, shared_path
+from minfer import tokenizer as T
+
+VECTORS = [("qwen2", "ggml-vocab-qwen2.gguf"), ("deepseek-r1-qwen", "ggml-vocab-qwen2.gguf"),
+           ("gpt-2", "ggml-vocab-gpt-2.gguf")]
+
+
+@pytest.mark.parametrize("name,vocab", VECTORS, ids=[v[0] for v in VECTORS])
+def test_llamacpp_vectors(name, vocab):
+    tok = T.from_gguf(shared_path("fixtures", "vocab", vocab))
+    inp = shared_path("fixtures", "vocab", f"ggml-vocab-{name}.gguf.inp").read_text("utf-8")
+    out = shared_path("fixtures", "vocab", f"ggml-vocab-{name}.gguf.out").read_text("utf-8").split("\n")
+    cases = inp.split("\n__ggml_vocab_test__\n")[:-1]
+    assert len(cases) == 46
+    for text, expected in zip(cases, out):
+        assert tok.encode(text, add_special=False) == [int(x) for x in expected.split()], repr(text)
+
+
+MODELS = [("smollm2-135m", "smollm2-135m-instruct-q4_1"), ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m")]
+
+
+@pytest.mark.parametrize("model,fx", MODELS, ids=[m[0] for m in MODELS])
+def test_real_model_strings(model, fx):
+    tok = T.from_gguf(real_model(model))
+    lines = shared_path("fixtures", "llamacpp", "tokenizer", f"{fx}.jsonl").read_text("utf-8").splitlines()
+    assert len(lines) == 48
+    for line in lines:
+        d = json.loads(line)
+        assert tok.encode(d["text"], parse_special=False) == d["ids_parse_special_false"], repr(d["text"])
+        assert tok.encode(d["text"], parse_special=True) == d["ids_parse_special_true"], repr(d["text"])
+        # decoding gives the text back (special tokens rendered when asked)
+        assert tok.decode(d["ids_parse_special_true"], special=True) == d["text"]
+
+
+@pytest.mark.parametrize("model,fx", MODELS, ids=[m[0] for m in MODELS])
+def test_fixture_prompts(model, fx):
+    tok = T.from_gguf(real_model(model))
+    for p in ("a_capital", "b_paragraph", "c_chatml", "d_long"):
+        text = shared_path("fixtures", "llamacpp", "prompts", f"{p}.txt").read_text("utf-8")
+        ids = np.load(shared_path("fixtures", "llamacpp", "real", f"{fx}__{p}.npz"))["prompt_ids"]
+        assert tok.encode(text, parse_special=True) == ids.tolist(), p
+
+
+def test_eog_and_special_types():
+    tok = T.from_gguf(shared_path("fixtures", "vocab", "ggml-vocab-qwen2.gguf"))
+    assert {151643, 151645, 151662, 151663, 151664, 128247} <= tok.special.eog
+    assert tok.encode("<|im_start|>hi", parse_special=False) != tok.encode("<|im_start|>hi", parse_special=True)
+    assert tok.encode("<|im_start|>", parse_special=True) == [151644]
+    # user content never becomes a control token, but user-defined tokens always match
+    assert tok.encode("<tool_call>", parse_special=False) == [151657]
+
+
+def test_streaming_never_splits_a_character():
+    tok = T.from_gguf(shared_path("fixtures", "vocab", "ggml-vocab-qwen2.gguf"))
+    text = "naïve café 🦙 日本語 ok"
+    ids = tok.encode(text)
+    d = T.Detokenizer(tok)
+    pieces = [d.push(i) for i in ids] + [d.flush()]
+    assert "".join(pieces) == text
+    for p in pieces:
+        assert "\ufffd" not in p
+    # a byte-level token that is half of a character yields nothing until the rest arrives
+    llama = [i for i in ids if tok.token_bytes(i) and not tok.token_bytes(i).decode("utf-8", "ignore")]
+    assert llama, "the emoji is split over byte tokens in this vocabulary"
