@@ -6,6 +6,11 @@
 #include <cstring>
 #include <string>
 
+#if defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#endif
+
 #include "common/error.h"
 #include "quant/quant.h"
 
@@ -43,8 +48,10 @@ static bool cpu_has(Isa isa) {
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
                    __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 #endif
-#if defined(__aarch64__)
-        case Isa::neon: return true;  // the NEON file is built only where dotprod is baseline
+#if defined(__aarch64__) && defined(__linux__)
+        case Isa::neon: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;  // the dot-product extension
+#elif defined(__aarch64__)
+        case Isa::neon: return true;  // Apple Silicon: every M-series core has it
 #endif
         default: return false;
     }
