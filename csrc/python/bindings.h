@@ -10,6 +10,7 @@ void bind_gguf(pybind11::module_& m);
 void bind_quant(pybind11::module_& m);
 void bind_cpu(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
+void bind_sampling(pybind11::module_& m);
 
 // Raw bytes of a C-contiguous numpy array (error if it is not contiguous).
 struct Bytes {

@@ -17,4 +17,5 @@ PYBIND11_MODULE(_minfer, m) {
     minfer::bind_quant(m);
     minfer::bind_cpu(m);
     minfer::bind_engine(m);
+    minfer::bind_sampling(m);
 }

@@ -26,6 +26,26 @@ const DotKernels* dot_kernels_avx512() { return nullptr; }
 const DotKernels* dot_kernels_neon() { return nullptr; }
 #endif
 
+DotKernels make_dot_table(Isa isa, const DotFns& f) {
+    DotKernels t;
+    t.isa = isa;
+    for (auto& fn : t.dot) fn = nullptr;
+    t.dot[GGML_TYPE_F32] = f.f32;
+    t.dot[GGML_TYPE_F16] = f.f16;
+    t.dot[GGML_TYPE_BF16] = f.bf16;
+    t.dot[GGML_TYPE_Q4_0] = f.q4_0;
+    t.dot[GGML_TYPE_Q5_0] = f.q5_0;
+    t.dot[GGML_TYPE_Q8_0] = f.q8_0;
+    t.dot[GGML_TYPE_Q4_1] = f.q4_1;
+    t.dot[GGML_TYPE_Q5_1] = f.q5_1;
+    t.dot[GGML_TYPE_Q2_K] = f.q2_K;
+    t.dot[GGML_TYPE_Q3_K] = f.q3_K;
+    t.dot[GGML_TYPE_Q4_K] = f.q4_K;
+    t.dot[GGML_TYPE_Q5_K] = f.q5_K;
+    t.dot[GGML_TYPE_Q6_K] = f.q6_K;
+    return t;
+}
+
 const char* isa_name(Isa isa) {
     switch (isa) {
         case Isa::scalar: return "scalar";

@@ -239,23 +239,8 @@ float dot_bf16_f32(int64_t n, const void* vw, const void* va) {
 }
 
 DotKernels make_table() {
-    DotKernels t;
-    t.isa = Isa::scalar;
-    for (auto& f : t.dot) f = nullptr;
-    t.dot[GGML_TYPE_F32] = dot_f32_f32;
-    t.dot[GGML_TYPE_F16] = dot_f16_f32;
-    t.dot[GGML_TYPE_BF16] = dot_bf16_f32;
-    t.dot[GGML_TYPE_Q4_0] = dot_q4_0_q8_0;
-    t.dot[GGML_TYPE_Q4_1] = dot_q4_1_q8_1;
-    t.dot[GGML_TYPE_Q5_0] = dot_q5_0_q8_0;
-    t.dot[GGML_TYPE_Q5_1] = dot_q5_1_q8_1;
-    t.dot[GGML_TYPE_Q8_0] = dot_q8_0_q8_0;
-    t.dot[GGML_TYPE_Q2_K] = dot_q2_K_q8_K;
-    t.dot[GGML_TYPE_Q3_K] = dot_q3_K_q8_K;
-    t.dot[GGML_TYPE_Q4_K] = dot_q4_K_q8_K;
-    t.dot[GGML_TYPE_Q5_K] = dot_q5_K_q8_K;
-    t.dot[GGML_TYPE_Q6_K] = dot_q6_K_q8_K;
-    return t;
+    return make_dot_table(Isa::scalar, {dot_f32_f32, dot_f16_f32, dot_bf16_f32, dot_q4_0_q8_0, dot_q5_0_q8_0, dot_q8_0_q8_0, dot_q4_1_q8_1, dot_q5_1_q8_1,
+                                  dot_q2_K_q8_K, dot_q3_K_q8_K, dot_q4_K_q8_K, dot_q5_K_q8_K, dot_q6_K_q8_K});
 }
 
 }  // namespace

@@ -41,6 +41,15 @@ struct DotKernels {
     vec_dot_fn dot[GGML_TYPE_COUNT];  // nullptr where the weight type has no kernel
 };
 
+// One ISA's kernels, in the order of the table below (weights x activations).
+struct DotFns {
+    vec_dot_fn f32, f16, bf16;                  // x f32
+    vec_dot_fn q4_0, q5_0, q8_0;                // x Q8_0
+    vec_dot_fn q4_1, q5_1;                      // x Q8_1
+    vec_dot_fn q2_K, q3_K, q4_K, q5_K, q6_K;    // x Q8_K
+};
+DotKernels make_dot_table(Isa isa, const DotFns& f);
+
 // Per-ISA tables; a table for an ISA this build or CPU lacks is nullptr.
 const DotKernels* dot_kernels_scalar();
 const DotKernels* dot_kernels_avx2();

@@ -1,11 +1,17 @@
 """minfer: local LLM inference for GGUF models.
 
-The native core (C++, with CUDA and Metal backends where the hardware has them)
-lives in `minfer._minfer`; this package is the Python face of it.
+    from minfer import LLM
+    llm = LLM("qwen2.5-coder-0.5b")
+    print(llm.generate("def fib(n):", max_tokens=32).text)
+
+The native core (C++ CPU kernels today; CUDA and Metal backends planned) lives in
+`minfer._minfer`; this package is the Python face of it.
 """
 from ._minfer import GGUFError, MinferError
 from . import gguf, quants
 from .hub import fetch
+from .llm import LLM, Completion, ContextLengthError, Metrics
 
 __version__ = "0.1.0"
-__all__ = ["MinferError", "GGUFError", "gguf", "quants", "fetch"]
+__all__ = ["LLM", "Completion", "Metrics", "MinferError", "GGUFError", "ContextLengthError", "gguf", "quants",
+           "fetch"]

@@ -1,0 +1,112 @@
+#include "sampling/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "common/error.h"
+
+namespace minfer {
+
+namespace {
+void require(bool ok, const std::string& msg) {
+    if (!ok) throw std::invalid_argument(msg);
+}
+}  // namespace
+
+Sampler::Sampler(const SamplerParams& p, int n_vocab) : p_(p), n_vocab_(n_vocab), state_(p.seed) {
+    require(std::isfinite(p.temperature) && p.temperature >= 0, "temperature must be >= 0, got " + std::to_string(p.temperature));
+    require(p.top_k >= 0, "top_k must be >= 0 (0 = off), got " + std::to_string(p.top_k));
+    require(std::isfinite(p.top_p) && p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1], got " + std::to_string(p.top_p));
+    require(std::isfinite(p.min_p) && p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1], got " + std::to_string(p.min_p));
+    require(std::isfinite(p.repeat_penalty) && p.repeat_penalty > 0,
+            "repeat_penalty must be > 0 (1 = off), got " + std::to_string(p.repeat_penalty));
+    require(std::isfinite(p.presence_penalty), "presence_penalty must be finite");
+    require(std::isfinite(p.frequency_penalty), "frequency_penalty must be finite");
+    require(p.penalty_last_n >= 0, "penalty_last_n must be >= 0, got " + std::to_string(p.penalty_last_n));
+    for (auto& [tok, bias] : p.logit_bias) {
+        require(tok >= 0 && tok < n_vocab, "logit_bias token " + std::to_string(tok) + " is out of range [0, " +
+                                               std::to_string(n_vocab) + ")");
+        require(!std::isnan(bias), "logit_bias for token " + std::to_string(tok) + " is NaN");
+    }
+}
+
+void Sampler::reset() {
+    history_.clear();
+    state_ = p_.seed;
+}
+
+void Sampler::accept(int token) {
+    if (p_.penalty_last_n == 0) return;
+    history_.push_back(token);
+    while (int(history_.size()) > p_.penalty_last_n) history_.pop_front();
+}
+
+double Sampler::uniform() {
+    // splitmix64: tiny, well mixed, and identical everywhere
+    uint64_t z = (state_ += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return double(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
+}
+
+int Sampler::sample(const float* logits, int n_vocab) {
+    if (n_vocab != n_vocab_)
+        throw MinferError(strfmt("sampler: %d logits for a vocabulary of %d", n_vocab, n_vocab_));
+    work_.assign(logits, logits + n_vocab);
+    for (int i = 0; i < n_vocab; i++)
+        if (std::isnan(work_[size_t(i)])) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", i));
+    for (auto& [tok, bias] : p_.logit_bias) work_[size_t(tok)] += bias;
+    if (!history_.empty() && (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f)) {
+        std::map<int, int> count;
+        for (int t : history_) count[t]++;
+        for (auto [t, c] : count) {
+            if (t < 0 || t >= n_vocab) continue;
+            float& l = work_[size_t(t)];
+            l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
+            l -= float(c) * p_.frequency_penalty + p_.presence_penalty;
+        }
+    }
+    if (p_.temperature == 0.0f) {  // greedy: the first maximum
+        return int(std::max_element(work_.begin(), work_.end()) - work_.begin());
+    }
+    // candidates sorted by logit (descending, then id), cut to top-k
+    ids_.resize(size_t(n_vocab));
+    std::iota(ids_.begin(), ids_.end(), 0);
+    size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), ids_.size()) : ids_.size();
+    auto by_logit = [&](int a, int b) { return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b); };
+    std::partial_sort(ids_.begin(), ids_.begin() + long(k), ids_.end(), by_logit);
+    ids_.resize(k);
+    // softmax at the temperature, in double
+    std::vector<double> prob(k);
+    const double mx = work_[size_t(ids_[0])];
+    if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
+    double sum = 0.0;
+    for (size_t i = 0; i < k; i++) sum += (prob[i] = std::exp((double(work_[size_t(ids_[i])]) - mx) / p_.temperature));
+    for (double& v : prob) v /= sum;
+    // top-p: the smallest prefix whose mass reaches top_p; min-p: drop p < min_p * p_max
+    size_t keep = k;
+    if (p_.top_p < 1.0f) {
+        double cum = 0.0;
+        for (size_t i = 0; i < k; i++) {
+            cum += prob[i];
+            if (cum >= p_.top_p) { keep = i + 1; break; }
+        }
+    }
+    if (p_.min_p > 0.0f)
+        while (keep > 1 && prob[keep - 1] < double(p_.min_p) * prob[0]) keep--;
+    double total = 0.0;
+    for (size_t i = 0; i < keep; i++) total += prob[i];
+    double r = uniform() * total;
+    for (size_t i = 0; i < keep; i++) {
+        r -= prob[i];
+        if (r < 0) return ids_[i];
+    }
+    return ids_[keep - 1];
+}
+
+}  // namespace minfer

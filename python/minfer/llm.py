@@ -1,0 +1,277 @@
+"""minfer.LLM: load a GGUF model and generate from Python.
+
+    from minfer import LLM
+    with LLM("qwen2.5-coder-0.5b", threads=2) as llm:
+        out = llm.generate("def fib(n):", max_tokens=64, temperature=0.7, seed=1)
+        print(out.text, out.metrics)
+        for piece in llm.chat_stream([{"role": "user", "content": "Hi!"}]):
+            print(piece, end="", flush=True)
+
+The decode loop is Python over the native Session: one eval for the part of
+the prompt that is not already in the KV cache (a follow-up chat turn reuses
+the shared prefix), then one eval per token, each followed by the C++ sampler.
+Calls on one LLM are serialized by a lock; `cancel()` from another thread stops
+the running generation before its next token.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from . import _minfer, chat as chat_mod, engine, gguf, hub, tokenizer
+
+log = logging.getLogger("minfer")
+log.addHandler(logging.NullHandler())  # quiet unless the application configures logging
+
+
+class ContextLengthError(_minfer.MinferError, ValueError):
+    """A prompt (plus at least one generated token) does not fit in the context."""
+
+
+@dataclass
+class Metrics:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0          # prompt tokens whose KV came from the previous call
+    generated_tokens: int = 0
+    ttft_s: float = 0.0             # call start to the first sampled token
+    prefill_tps: float = 0.0        # evaluated prompt tokens / prefill time
+    decode_tps: float = 0.0         # generated tokens after the first / their time
+    stop_reason: str = ""           # "stop" (end-of-generation token or stop string), "length", "cancelled", "context"
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
+
+
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                 "frequency_penalty", "penalty_last_n", "logit_bias", "seed")
+
+
+class LLM:
+    def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
+                 threads: int | None = None, backend: str = "auto", kv_type: str = "f16"):
+        if backend not in ("auto", "cpu"):
+            raise ValueError(f"backend {backend!r} is not available in this build (auto, cpu)")
+        self.path = engine.resolve(model)
+        t0 = time.perf_counter()
+        self._file = gguf.open(self.path)
+        self.tokenizer = tokenizer.BPETokenizer(self._file.metadata)
+        self._model = engine.Model(self.path)
+        self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type)
+        self._template = self._file.metadata.get("tokenizer.chat_template")
+        self._n_vocab = self._model.config["n_vocab"]
+        self._cached: list[int] = []    # tokens whose K/V sit in the cache at positions 0..len-1
+        self._lock = threading.Lock()
+        self._cancel = threading.Event()
+        log.debug("loaded %s (%s) in %.2fs: %s", self.path, self._model.config["arch"], time.perf_counter() - t0,
+                  self._model.config)
+
+    # -- basics ------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self._live().n_ctx
+
+    @property
+    def n_vocab(self) -> int:
+        return self._n_vocab
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
+
+    def detokenize(self, ids: Iterable[int], special: bool = False) -> str:
+        return self.tokenizer.decode(list(ids), special=special)
+
+    def logits(self, tokens: Sequence[int]) -> np.ndarray:
+        """Logits [len(tokens), n_vocab] of every position, evaluated from position 0."""
+        self._live()
+        ids = self._check_prompt(tokens, room=0)
+        with self._lock:
+            out = self._live().eval(ids, 0, all_logits=True)
+            self._cached = list(ids)
+            return out
+
+    def cancel(self) -> None:
+        """Stop the generation in progress (from any thread) before its next token."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._session = None
+            self._model = None
+            self._cached = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- generation --------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
+                 **sampling) -> Completion:
+        pieces, tokens = [], []
+        it = self._generate(prompt, max_tokens, stop, sampling, tokens, parse_special=False)
+        for piece in it:
+            pieces.append(piece)
+        return Completion("".join(pieces), tokens, it.metrics)
+
+    def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
+               **sampling) -> Iterator[str]:
+        """Yields text pieces as they are generated; `self.last_metrics` holds the metrics after."""
+        it = self._generate(prompt, max_tokens, stop, sampling, [], parse_special=False)
+        yield from it
+
+    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> Completion:
+        return self.generate(self._render(messages), max_tokens, stop, _parse_special=True, **sampling)
+
+    def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (),
+                    **sampling) -> Iterator[str]:
+        it = self._generate(self._render(messages), max_tokens, stop, sampling, [], parse_special=True)
+        yield from it
+
+    # -- internals ---------------------------------------------------------------
+    def _live(self):
+        if self._session is None:
+            raise _minfer.MinferError("this LLM is closed")
+        return self._session
+
+    def _render(self, messages: list[dict]) -> str:
+        return chat_mod.render(self._template, messages, add_generation_prompt=True)
+
+    def _check_prompt(self, tokens, room: int) -> np.ndarray:
+        ids = np.asarray(list(tokens), dtype=np.int64)
+        if ids.size == 0:
+            raise ValueError("the prompt is empty")
+        if ids.min() < 0 or ids.max() >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {int(ids.min())}..{int(ids.max())}")
+        if len(ids) + room > self.n_ctx:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; with {room} to generate it needs more "
+                                     f"than the context of {self.n_ctx}")
+        return ids.astype(np.int32)
+
+    def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special):
+        parse_special = sampling.pop("_parse_special", parse_special)
+        unknown = set(sampling) - set(SAMPLING_KEYS)
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
+        if max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        if isinstance(prompt, str):
+            ids = self.tokenize(prompt, parse_special=parse_special)
+        else:
+            ids = list(prompt)
+        self._live()
+        ids = self._check_prompt(ids, room=1 if max_tokens else 0)
+        params = dict(sampling)
+        params["logit_bias"] = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
+        params["seed"] = int(params["seed"]) if params.get("seed") is not None else int.from_bytes(os.urandom(8), "little")
+        sampler = _minfer.Sampler(self.n_vocab, **params)  # ValueError naming a bad parameter, before any work
+        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out)
+
+
+class _Generation:
+    """One call's loop, as an iterator of text pieces (holds the LLM's lock while it runs)."""
+
+    def __init__(self, llm: LLM, ids: np.ndarray, max_tokens: int, stop: list, sampler, tokens_out: list):
+        self.llm, self.ids, self.max_tokens, self.stop, self.sampler = llm, ids, max_tokens, stop, sampler
+        self.tokens = tokens_out
+        self.metrics = Metrics(prompt_tokens=len(ids))
+
+    def __iter__(self):
+        llm, m = self.llm, self.metrics
+        with llm._lock:
+            llm._cancel.clear()
+            sess = llm._live()
+            t0 = time.perf_counter()
+            ids = self.ids.tolist()
+            # reuse the KV of the longest prefix shared with the previous call (at least one token to evaluate)
+            keep = 0
+            for a, b in zip(llm._cached, ids):
+                if a != b:
+                    break
+                keep += 1
+            keep = min(keep, len(ids) - 1)
+            m.cached_tokens = keep
+            llm._cached = llm._cached[:keep]
+            logits = sess.eval(np.asarray(ids[keep:], np.int32), keep)
+            llm._cached = list(ids)
+            t_prefill = time.perf_counter() - t0
+            m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
+            for t in ids[-self.sampler_window():]:
+                self.sampler.accept(t)
+            detok = tokenizer.Detokenizer(llm.tokenizer)
+            text_sent, pending = 0, ""
+            pos, t_first = len(ids), None
+            m.stop_reason = "length"
+            while m.generated_tokens < self.max_tokens:
+                if llm._cancel.is_set():
+                    m.stop_reason = "cancelled"
+                    break
+                tok = self.sampler.sample(logits[-1])
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    m.ttft_s = t_first - t0
+                if tok in llm.tokenizer.special.eog:
+                    m.stop_reason = "stop"
+                    break
+                self.sampler.accept(tok)
+                self.tokens.append(tok)
+                m.generated_tokens += 1
+                pending += detok.push(tok)
+                hit = _find_stop(pending, self.stop)
+                if hit is not None:
+                    if hit > 0:
+                        yield pending[:hit]
+                    pending = ""
+                    m.stop_reason = "stop"
+                    break
+                safe = _safe_prefix(pending, self.stop)
+                if safe:
+                    yield pending[:safe]
+                    pending = pending[safe:]
+                if m.generated_tokens == self.max_tokens:
+                    break
+                if pos >= sess.n_ctx:
+                    m.stop_reason = "context"
+                    break
+                logits = sess.eval(np.array([tok], np.int32), pos)
+                llm._cached.append(tok)
+                pos += 1
+            if m.stop_reason != "stop" or pending:
+                rest = pending + detok.flush()
+                hit = _find_stop(rest, self.stop)
+                rest = rest[:hit] if hit is not None else rest
+                if rest:
+                    yield rest
+            if t_first is not None and m.generated_tokens > 1:
+                m.decode_tps = (m.generated_tokens - 1) / max(time.perf_counter() - t_first, 1e-9)
+            llm.last_metrics = m
+            log.debug("generation: %s", m)
+
+    def sampler_window(self) -> int:
+        return 64
+
+
+def _find_stop(text: str, stops: list) -> int | None:
+    hits = [text.find(s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def _safe_prefix(text: str, stops: list) -> int:
+    """How much of `text` can be emitted: all but a tail that could start a stop string."""
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return len(text) - hold

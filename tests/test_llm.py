@@ -1,0 +1,115 @@
+"""minfer.LLM: generation, streaming, stop strings, chat with KV prefix reuse,
+cancellation, concurrency, errors, metrics."""
+import threading
+
+import numpy as np
+import pytest
+
+import minfer
+from conftest import real_model, synthetic_model
+from minfer import engine
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), n_ctx=256, threads=2)
+
+
+def test_greedy_generate_equals_the_engine_loop(tiny):
+    ids = tiny.tokenize("Hello world, this is")
+    out = tiny.generate(ids, max_tokens=12)
+    sess = engine.session(tiny.path, n_ctx=256, threads=2)
+    expected = list(engine.greedy(sess, ids, 12))
+    eog = [i for i, t in enumerate(expected) if t in tiny.tokenizer.special.eog]
+    expected = expected[: eog[0]] if eog else expected
+    assert out.tokens == expected
+    assert out.text == tiny.detokenize(expected)
+    m = out.metrics
+    assert m.prompt_tokens == len(ids) and m.generated_tokens == len(expected)
+    assert m.ttft_s > 0 and m.prefill_tps > 0 and m.stop_reason in ("length", "stop")
+
+
+def test_stream_joins_to_generate(tiny):
+    a = tiny.generate("The quick brown fox", max_tokens=20, temperature=0.9, seed=5)
+    b = "".join(tiny.stream("The quick brown fox", max_tokens=20, temperature=0.9, seed=5))
+    assert a.text == b and tiny.last_metrics.generated_tokens == a.metrics.generated_tokens
+
+
+def test_stop_strings(tiny):
+    full = tiny.generate("One two three", max_tokens=30).text
+    assert len(full) > 6
+    stop = full[3:6]
+    out = tiny.generate("One two three", max_tokens=30, stop=[stop])
+    assert out.text == full[: full.find(stop)] and out.metrics.stop_reason == "stop"
+    assert "".join(tiny.stream("One two three", max_tokens=30, stop=[stop])) == out.text
+
+
+def test_prefix_reuse_gives_the_same_answer():
+    path = str(real_model("smollm2-135m"))
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    with minfer.LLM(path, threads=2) as llm:
+        first = llm.chat(msgs, max_tokens=16)
+        follow = msgs + [{"role": "assistant", "content": first.text}, {"role": "user", "content": "And of Spain?"}]
+        second = llm.chat(follow, max_tokens=16)
+        assert second.metrics.cached_tokens > 10, second.metrics
+    with minfer.LLM(path, threads=2) as fresh:
+        again = fresh.chat(follow, max_tokens=16)
+        assert again.metrics.cached_tokens == 0
+    assert again.tokens == second.tokens
+
+
+def test_cancel_from_another_thread(tiny):
+    pieces = []
+    it = tiny.stream("Count forever:", max_tokens=200, temperature=1.0, seed=1)
+    for piece in it:
+        pieces.append(piece)
+        if len(pieces) == 2:
+            threading.Thread(target=tiny.cancel).start()
+            threading.Event().wait(0.2)
+    assert tiny.last_metrics.stop_reason == "cancelled"
+    assert tiny.last_metrics.generated_tokens < 200
+    assert tiny.generate("still works", max_tokens=3).metrics.generated_tokens >= 0
+
+
+def test_many_threads_share_one_model(tiny):
+    expected = tiny.generate("shared model", max_tokens=8).tokens
+    results, errors = [], []
+
+    def work():
+        try:
+            results.append(tiny.generate("shared model", max_tokens=8).tokens)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and results == [expected] * 6
+
+
+def test_errors(tiny):
+    with pytest.raises(minfer.ContextLengthError, match="the prompt has 300 tokens"):
+        tiny.generate([5] * 300, max_tokens=4)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        tiny.generate("x", top_p=2.0)
+    with pytest.raises(TypeError, match="unknown sampling parameter"):
+        tiny.generate("x", temprature=0.5)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        tiny.generate("", max_tokens=1)
+    with pytest.raises(ValueError, match="token ids must be in"):
+        tiny.generate([1, 10**9])
+    with pytest.raises(ValueError, match="backend 'cuda' is not available"):
+        minfer.LLM(tiny.path, backend="cuda")
+    assert tiny.generate("x", max_tokens=0).text == ""
+
+
+def test_logits_and_close():
+    llm = minfer.LLM(str(synthetic_model("qwen2-tiny-f32")), n_ctx=64, threads=1)
+    ids = llm.tokenize("abc def")
+    lg = llm.logits(ids)
+    assert lg.shape == (len(ids), llm.n_vocab)
+    llm.close()
+    with pytest.raises(minfer.MinferError, match="closed"):
+        llm.generate("x")

@@ -1,0 +1,90 @@
+"""The C++ sampler: greedy, temperature, top-k/top-p/min-p, penalties, logit
+bias, seeding, and parameter validation."""
+import numpy as np
+import pytest
+
+import minfer
+
+S = minfer._minfer.Sampler
+
+
+def softmax(x, t=1.0):
+    e = np.exp((x - x.max()) / t)
+    return e / e.sum()
+
+
+def draws(s, logits, n=4000):
+    return np.bincount([s.sample(logits) for _ in range(n)], minlength=len(logits))
+
+
+def test_greedy_is_argmax_lowest_id_on_ties():
+    s = S(5)
+    assert s.sample(np.array([0, 3, 3, 1, -2], np.float32)) == 1
+    assert S(5, top_k=1, temperature=5.0, seed=9).sample(np.array([0, 1, 7, 1, 0], np.float32)) == 2
+
+
+def test_temperature_follows_softmax():
+    logits = np.array([1.0, 0.5, 0.0, -1.0, 2.0], np.float32)
+    for t in (0.5, 1.0, 2.0):
+        freq = draws(S(5, temperature=t, seed=42), logits) / 4000
+        assert np.abs(freq - softmax(logits.astype(np.float64), t)).max() < 0.03, (t, freq)
+
+
+def test_same_seed_same_tokens():
+    logits = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    a = [S(1000, temperature=1.0, seed=7).sample(logits) for _ in range(1)]
+    s1, s2, s3 = S(1000, temperature=1.0, seed=7), S(1000, temperature=1.0, seed=7), S(1000, temperature=1.0, seed=8)
+    r1 = [s1.sample(logits) for _ in range(50)]
+    assert r1 == [s2.sample(logits) for _ in range(50)]
+    assert r1 != [s3.sample(logits) for _ in range(50)]
+    s1.reset()
+    assert [s1.sample(logits) for _ in range(50)] == r1 and a[0] == r1[0]
+
+
+def test_top_k_top_p_min_p_cut_the_tail():
+    logits = np.log(np.array([0.5, 0.25, 0.15, 0.07, 0.03])).astype(np.float32)
+    assert set(np.flatnonzero(draws(S(5, temperature=1, top_k=2, seed=1), logits))) == {0, 1}
+    # top_p 0.8: the smallest prefix with mass >= 0.8 is {0, 1, 2} (0.9)
+    assert set(np.flatnonzero(draws(S(5, temperature=1, top_p=0.8, seed=1), logits))) == {0, 1, 2}
+    # min_p 0.2: keep p >= 0.1
+    assert set(np.flatnonzero(draws(S(5, temperature=1, min_p=0.2, seed=1), logits))) == {0, 1, 2}
+
+
+def test_penalties_and_bias():
+    logits = np.array([2.0, 1.9, -1.0], np.float32)
+    s = S(3, repeat_penalty=1.5)
+    assert s.sample(logits) == 0
+    s.accept(0)  # 2.0 / 1.5 < 1.9
+    assert s.sample(logits) == 1
+    s = S(3, presence_penalty=0.5)
+    s.accept(0)
+    assert s.sample(logits) == 1
+    s = S(3, frequency_penalty=0.05)
+    s.accept(0)
+    assert s.sample(logits) == 0  # one occurrence: 2.0 - 0.05 > 1.9
+    s.accept(0); s.accept(0)
+    assert s.sample(logits) == 1  # three: 2.0 - 0.15 < 1.9
+    s = S(3, repeat_penalty=2.0, penalty_last_n=1)
+    s.accept(0); s.accept(2)  # the window holds only the last token
+    assert s.sample(logits) == 0
+    assert S(3, logit_bias={2: 10.0}).sample(logits) == 2
+    assert draws(S(3, temperature=1, logit_bias={0: -np.inf}, seed=3), logits)[0] == 0
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(temperature=-0.1), "temperature must be >= 0"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=-1), "top_k must be >= 0"), (dict(top_p=0.0), "top_p must be in"), (dict(top_p=1.1), "top_p"),
+    (dict(min_p=-0.5), "min_p must be in"), (dict(repeat_penalty=0.0), "repeat_penalty must be > 0"),
+    (dict(penalty_last_n=-2), "penalty_last_n"), (dict(logit_bias={10: 1.0}), "logit_bias token 10 is out of range"),
+    (dict(presence_penalty=float("inf")), "presence_penalty must be finite"),
+])
+def test_invalid_parameters(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        S(10, **kw)
+
+
+def test_nan_logits_are_an_error():
+    with pytest.raises(minfer.MinferError, match="logit 1 is NaN"):
+        S(3).sample(np.array([0, np.nan, 1], np.float32))
+    with pytest.raises(minfer.MinferError, match="3 logits for a vocabulary of 4"):
+        S(4).sample(np.zeros(3, np.float32))
