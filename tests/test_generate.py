@@ -9,12 +9,16 @@ from conftest import real_model, shared_path
 from minfer import chat, engine, gguf, tokenizer
 
 
-def test_chat_template_renders_the_fixture_prompt():
-    f = gguf.open(real_model("qwen2.5-coder-0.5b"))
+@pytest.mark.parametrize("model,fx", [("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
+                                      ("smollm2-135m", "smollm2-135m-instruct-q4_1")])
+def test_chat_template_renders_the_fixture_prompt(model, fx):
+    f = gguf.open(real_model(model))
     text = chat.render(f.metadata["tokenizer.chat_template"], [
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "Write a Python function that checks whether a number is prime."}])
     assert text == shared_path("fixtures", "llamacpp", "prompts", "c_chatml.txt").read_text("utf-8")
+    ids = np.load(shared_path("fixtures", "llamacpp", "real", f"{fx}__c_chatml.npz"))["prompt_ids"]
+    assert tokenizer.from_gguf(f).encode(text, parse_special=True) == ids.tolist()
     assert chat.render(None, [{"role": "user", "content": "hi"}]) == \
         "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
 
@@ -45,3 +49,41 @@ def test_generate_cli_errors():
     r = subprocess.run([sys.executable, "-m", "minfer.generate", "--model", "no-such-model"], capture_output=True,
                        text=True)
     assert r.returncode != 0 and "neither a file nor a known model" in r.stderr
+
+
+def test_readme_quick_start_runs_verbatim():
+    """The README's first command, minus the pip install that CI has just done."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    first = re.search(r"```bash\n(.*?)\n", readme).group(1)
+    cmd = first.split("#")[0].strip()
+    assert cmd.startswith("pip install . && python -m minfer.generate")
+    real_model("qwen2.5-coder-0.5b")  # the default model: fetched (or skipped with the reason) here
+    run = cmd.split("&&", 1)[1].strip().replace("python ", f"{sys.executable} ", 1)
+    r = subprocess.run(run, shell=True, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout and "[minfer]" in r.stderr
+
+
+def test_pull_cli(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "minfer.pull", "no-such"], capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown model 'no-such'" in r.stderr
+    path = real_model("smollm2-135m")
+    r = subprocess.run([sys.executable, "-m", "minfer.pull", "smollm2-135m"], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == str(path)
+
+
+def test_corrupt_cache_is_refetched_never_used(tmp_path, monkeypatch):
+    from minfer import hub
+
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    src = hub.MODELS["smollm2-135m"]
+    bad = hub.cache_dir() / src.filename
+    bad.parent.mkdir(parents=True)
+    bad.write_bytes(b"\0" * src.size)  # right size, wrong bytes, no checksum marker
+    assert hub.cached_path("smollm2-135m") is None
+    monkeypatch.setenv("MINFER_OFFLINE", "1")
+    with pytest.raises(hub.FetchError, match="not in the cache"):
+        hub.fetch("smollm2-135m")

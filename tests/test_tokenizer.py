@@ -10,7 +10,8 @@ from conftest import real_model, shared_path
 from minfer import tokenizer as T
 
 VECTORS = [("qwen2", "ggml-vocab-qwen2.gguf"), ("deepseek-r1-qwen", "ggml-vocab-qwen2.gguf"),
-           ("gpt-2", "ggml-vocab-gpt-2.gguf")]
+           ("gpt-2", "ggml-vocab-gpt-2.gguf"), ("llama-spm", "ggml-vocab-llama-spm.gguf"),
+           ("phi-3", "ggml-vocab-phi-3.gguf")]
 
 
 @pytest.mark.parametrize("name,vocab", VECTORS, ids=[v[0] for v in VECTORS])
@@ -21,7 +22,16 @@ def test_llamacpp_vectors(name, vocab):
     cases = inp.split("\n__ggml_vocab_test__\n")[:-1]
     assert len(cases) == 46
     for text, expected in zip(cases, out):
-        assert tok.encode(text, add_special=False) == [int(x) for x in expected.split()], repr(text)
+        ids = [int(x) for x in expected.split()]
+        assert tok.encode(text, add_special=False) == ids, repr(text)
+        # streaming: the same ids fed one at a time give the text back, never a broken character
+        d = T.Detokenizer(tok)
+        pieces = [d.push(i) for i in ids] + [d.flush()]
+        assert all("\ufffd" not in p for p in pieces)
+        joined = "".join(pieces)
+        if isinstance(tok, T.SPMTokenizer) and joined.startswith(" "):
+            joined = joined[1:]  # the prefix space SentencePiece adds
+        assert joined == text, repr(text)
 
 
 MODELS = [("smollm2-135m", "smollm2-135m-instruct-q4_1"), ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m")]
@@ -36,8 +46,10 @@ def test_real_model_strings(model, fx):
         d = json.loads(line)
         assert tok.encode(d["text"], parse_special=False) == d["ids_parse_special_false"], repr(d["text"])
         assert tok.encode(d["text"], parse_special=True) == d["ids_parse_special_true"], repr(d["text"])
-        # decoding gives the text back (special tokens rendered when asked)
+        # decoding gives the text back (special tokens rendered when asked), also one token at a time
         assert tok.decode(d["ids_parse_special_true"], special=True) == d["text"]
+        stream = T.Detokenizer(tok, special=True)
+        assert "".join([stream.push(i) for i in d["ids_parse_special_true"]] + [stream.flush()]) == d["text"]
 
 
 @pytest.mark.parametrize("model,fx", MODELS, ids=[m[0] for m in MODELS])

@@ -9,9 +9,9 @@ The native core (C++ CPU kernels today; CUDA and Metal backends planned) lives i
 """
 from ._minfer import GGUFError, MinferError
 from . import gguf, quants
-from .hub import fetch
+from .hub import fetch, pull
 from .llm import LLM, Completion, ContextLengthError, Metrics
 
 __version__ = "0.1.0"
 __all__ = ["LLM", "Completion", "Metrics", "MinferError", "GGUFError", "ContextLengthError", "gguf", "quants",
-           "fetch"]
+           "fetch", "pull"]

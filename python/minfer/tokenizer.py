@@ -240,6 +240,115 @@ def _complete_prefix(b: bytes) -> int:
     return n
 
 
+class SPMTokenizer(BPETokenizer):
+    """SentencePiece-style vocabularies (`tokenizer.ggml.model = llama`): spaces
+    become U+2581, a space is prepended, and adjacent pieces merge highest score
+    first (leftmost on ties) while the merged piece is in the vocabulary;
+    characters left without a token fall back to their <0xXX> byte tokens."""
+
+    SPACE = "\u2581"
+
+    def __init__(self, meta: dict):  # noqa: super().__init__ is the BPE one; share only the special-token logic
+        if meta.get("tokenizer.ggml.model") != "llama":
+            raise TokenizerError("SPMTokenizer needs tokenizer.ggml.model = 'llama'")
+        self.tokens = meta["tokenizer.ggml.tokens"]
+        self.scores = meta.get("tokenizer.ggml.scores", [0.0] * len(self.tokens))
+        self.types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
+        for i, t in enumerate(self.tokens):
+            if t in EOG_TEXTS and self.types[i] == NORMAL:
+                self.types[i] = CONTROL
+        self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
+        self.byte_tokens = {b: self.vocab.get(f"<0x{b:02X}>") for b in range(256)}
+        self.unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
+
+        def pick(key):
+            v = meta.get(key)
+            return int(v) if v is not None and 0 <= int(v) < len(self.tokens) else None
+        eos = pick("tokenizer.ggml.eos_token_id")
+        eog = {i for i, t in enumerate(self.tokens) if t in EOG_TEXTS} | ({eos} if eos is not None else set())
+        self.special = Special(frozenset(eog), pick("tokenizer.ggml.bos_token_id"), eos,
+                               bool(meta.get("tokenizer.ggml.add_bos_token", True)),
+                               bool(meta.get("tokenizer.ggml.add_eos_token", False)))
+        specials = sorted(((t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED) and t),
+                          key=lambda ti: -len(ti[0]))
+        self._special_all = self._special_re([t for t, _ in specials])
+        self._special_user = self._special_re([t for t, i in specials if self.types[i] == USER_DEFINED])
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        ids = []
+        if add_special and self.special.add_bos and self.special.bos is not None:
+            ids.append(self.special.bos)
+        splitter = self._special_all if parse_special else self._special_user
+        pieces = splitter.split(text) if splitter else [text]
+        first = True
+        for k, piece in enumerate(pieces):
+            if k % 2 == 1:
+                ids.append(self.vocab[piece])
+            elif piece:
+                if self.add_space_prefix and first:
+                    piece = " " + piece
+                ids.extend(self._spm(piece.replace(" ", self.SPACE)))
+            first = False
+        if add_special and self.special.add_eos and self.special.eos is not None:
+            ids.append(self.special.eos)
+        return ids
+
+    def _spm(self, text: str) -> list[int]:
+        import heapq
+
+        sym = list(text)
+        prev = list(range(-1, len(sym) - 1))
+        nxt = list(range(1, len(sym) + 1))
+        nxt[-1] = -1
+        heap = []
+
+        def push(i, j):
+            t = self.vocab.get(sym[i] + sym[j])
+            if t is not None:
+                heapq.heappush(heap, (-self.scores[t], i, j, sym[i] + sym[j]))
+        for i in range(len(sym) - 1):
+            push(i, i + 1)
+        while heap:
+            _, i, j, text_ij = heapq.heappop(heap)
+            if not sym[i] or not sym[j] or sym[i] + sym[j] != text_ij or nxt[i] != j:
+                continue  # stale: one side was merged away since
+            sym[i], sym[j] = text_ij, ""
+            nxt[i] = nxt[j]
+            if nxt[j] >= 0:
+                prev[nxt[j]] = i
+            if prev[i] >= 0:
+                push(prev[i], i)
+            if nxt[i] >= 0:
+                push(i, nxt[i])
+        out, i = [], 0
+        while i != -1 and i < len(sym):
+            piece = sym[i]
+            t = self.vocab.get(piece)
+            if t is not None:
+                out.append(t)
+            else:
+                out.extend(self.byte_tokens.get(b) if self.byte_tokens.get(b) is not None else self.unk
+                           for b in piece.encode("utf-8"))
+            i = nxt[i]
+        return out
+
+    def token_bytes(self, tok: int, special: bool = False) -> bytes:
+        if tok < 0 or tok >= len(self.tokens):
+            raise TokenizerError(f"token id {tok} is out of range [0, {len(self.tokens)})")
+        t, ty = self.tokens[tok], self.types[tok]
+        if ty == BYTE:
+            return bytes([int(t[3:5], 16)])
+        if ty in (CONTROL, UNUSED, UNKNOWN):
+            return t.encode() if special else b""
+        return t.replace(self.SPACE, " ").encode()
+
+    def decode(self, ids, special: bool = False) -> str:
+        text = super().decode(ids, special)
+        return text[1:] if self.add_space_prefix and text.startswith(" ") else text
+
+
 def from_gguf(path_or_file) -> BPETokenizer:
     f = path_or_file if isinstance(path_or_file, gguf_mod.GGUFFile) else gguf_mod.open(path_or_file)
-    return BPETokenizer(f.metadata)
+    model = f.metadata.get("tokenizer.ggml.model")
+    return SPMTokenizer(f.metadata) if model == "llama" else BPETokenizer(f.metadata)
