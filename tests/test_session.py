@@ -64,7 +64,7 @@ def test_unsupported_architecture(tmp_path):
 
     p = tmp_path / "g.gguf"
     p.write_bytes(build_gguf([("general.architecture", STR, "gemma3")], [f32_tensor("x", np.ones(4))]).data)
-    with pytest.raises(minfer.MinferError, match="architecture 'gemma3' is not supported"):
+    with pytest.raises(minfer.ModelError, match="architecture 'gemma3' is not supported"):
         M.Model(str(p))
 
 
@@ -77,7 +77,7 @@ def test_missing_tensor(tmp_path):
     p = tmp_path / "m.gguf"
     p.write_bytes(build_gguf(kv, [f32_tensor("token_embd.weight", np.ones((10, 8))),
                                   f32_tensor("output_norm.weight", np.ones(8))]).data)
-    with pytest.raises(minfer.MinferError, match="has no tensor 'blk.0.attn_norm.weight'"):
+    with pytest.raises(minfer.ModelError, match="has no tensor 'blk.0.attn_norm.weight'"):
         M.Model(str(p))
 
 

@@ -21,6 +21,13 @@ struct GGUFError : MinferError {
     using MinferError::MinferError;
 };
 
+// A well-formed file that is not a model minfer can run: unsupported
+// architecture or tensor type, a missing tensor, shapes that contradict the
+// metadata.
+struct ModelError : MinferError {
+    using MinferError::MinferError;
+};
+
 // printf-style message builder for the errors above.
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

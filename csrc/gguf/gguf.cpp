@@ -328,6 +328,14 @@ std::shared_ptr<GGUF> GGUF::open(const std::string& path) {
     return g;
 }
 
+std::shared_ptr<GGUF> GGUF::from_memory(const std::string& name, const uint8_t* data, size_t size) {
+    std::shared_ptr<GGUF> g(new GGUF());
+    g->paths_.push_back(name);
+    g->files_.push_back(MappedFile::from_memory(name, data, size));
+    g->parse_file(0);
+    return g;
+}
+
 const GGUFValue* GGUF::find(const std::string& key) const {
     auto it = kv_index_.find(key);
     return it == kv_index_.end() ? nullptr : &kv_[it->second].second;

@@ -56,6 +56,8 @@ class GGUF {
   public:
     // Opens a file; a name like `model-00001-of-00003.gguf` opens all the splits.
     static std::shared_ptr<GGUF> open(const std::string& path);
+    // Parses a single (non-split) file held in memory.
+    static std::shared_ptr<GGUF> from_memory(const std::string& name, const uint8_t* data, size_t size);
 
     uint32_t version() const { return version_; }
     uint32_t alignment() const { return alignment_; }

@@ -36,8 +36,17 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
     return f;
 }
 
+std::shared_ptr<MappedFile> MappedFile::from_memory(const std::string& name, const uint8_t* data, size_t size) {
+    std::shared_ptr<MappedFile> f(new MappedFile());
+    f->path_ = name;
+    f->owned_.assign(data, data + size);
+    f->data_ = f->owned_.empty() ? nullptr : f->owned_.data();
+    f->size_ = size;
+    return f;
+}
+
 MappedFile::~MappedFile() {
-    if (data_) munmap((void*)data_, size_);
+    if (data_ && owned_.empty()) munmap((void*)data_, size_);
 }
 
 }  // namespace minfer

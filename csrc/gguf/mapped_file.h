@@ -6,12 +6,15 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace minfer {
 
 class MappedFile {
   public:
     static std::shared_ptr<MappedFile> open(const std::string& path);  // throws GGUFError
+    // A copy of `size` bytes held in memory, named `name` in messages (fuzzing, tests).
+    static std::shared_ptr<MappedFile> from_memory(const std::string& name, const uint8_t* data, size_t size);
     ~MappedFile();
     MappedFile(const MappedFile&) = delete;
     MappedFile& operator=(const MappedFile&) = delete;
@@ -23,6 +26,7 @@ class MappedFile {
   private:
     MappedFile() = default;
     std::string path_;
+    std::vector<uint8_t> owned_;  // from_memory only
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
 };

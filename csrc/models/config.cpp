@@ -14,7 +14,7 @@ double meta_num(const WeightStore& w, const std::string& key, double fallback) {
     const GGUFValue* v = w.gguf().find(key);
     if (!v) {
         if (fallback != fallback)
-            throw MinferError(strfmt("model '%s' lacks the metadata key '%s'", path_of(w).c_str(), key.c_str()));
+            throw ModelError(strfmt("model '%s' lacks the metadata key '%s'", path_of(w).c_str(), key.c_str()));
         return fallback;
     }
     switch (v->type) {
@@ -22,7 +22,7 @@ double meta_num(const WeightStore& w, const std::string& key, double fallback) {
         case GGUFType::INT8: case GGUFType::INT16: case GGUFType::INT32: case GGUFType::INT64: return double(v->i);
         case GGUFType::FLOAT32: case GGUFType::FLOAT64: return v->f;
         default:
-            throw MinferError(strfmt("model '%s': metadata '%s' has type %s, expected a number", path_of(w).c_str(),
+            throw ModelError(strfmt("model '%s': metadata '%s' has type %s, expected a number", path_of(w).c_str(),
                                      key.c_str(), gguf_type_name(v->type)));
     }
 }
@@ -30,7 +30,7 @@ double meta_num(const WeightStore& w, const std::string& key, double fallback) {
 int meta_int(const WeightStore& w, const std::string& key, double fallback, int lo, int hi) {
     double v = meta_num(w, key, fallback);
     if (!(v >= lo && v <= hi) || v != double(int64_t(v)))
-        throw MinferError(strfmt("model '%s': metadata '%s' = %g is not an integer in [%d, %d]", path_of(w).c_str(),
+        throw ModelError(strfmt("model '%s': metadata '%s' = %g is not an integer in [%d, %d]", path_of(w).c_str(),
                                  key.c_str(), v, lo, hi));
     return int(v);
 }
@@ -38,7 +38,7 @@ int meta_int(const WeightStore& w, const std::string& key, double fallback, int 
 void expect_shape(const WeightStore& w, const std::string& name, int64_t cols, int64_t rows) {
     const Weight& t = w.get(name);
     if (t.cols() != cols || t.rows() != rows || t.dims.size() > 2)
-        throw MinferError(strfmt("model '%s': tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
+        throw ModelError(strfmt("model '%s': tensor '%s' has shape [%lld, %lld], expected [%lld, %lld] (GGUF order)",
                                  path_of(w).c_str(), name.c_str(), (long long)t.cols(), (long long)t.rows(),
                                  (long long)cols, (long long)rows));
 }
@@ -46,7 +46,7 @@ void expect_shape(const WeightStore& w, const std::string& name, int64_t cols, i
 void expect_f32_vector(const WeightStore& w, const std::string& name, int64_t n) {
     expect_shape(w, name, n, 1);
     if (w.get(name).type != GGML_TYPE_F32)
-        throw MinferError(strfmt("model '%s': tensor '%s' is %s; norms and biases must be F32", path_of(w).c_str(),
+        throw ModelError(strfmt("model '%s': tensor '%s' is %s; norms and biases must be F32", path_of(w).c_str(),
                                  name.c_str(), type_traits(w.get(name).type).name));
 }
 
@@ -54,7 +54,7 @@ void expect_matrix(const WeightStore& w, const std::string& name, int64_t cols, 
     expect_shape(w, name, cols, rows);
     uint32_t t = w.get(name).type;
     if (!dot_kernels_scalar()->dot[t])
-        throw MinferError(strfmt("model '%s': tensor '%s' has type %s, which minfer cannot multiply", path_of(w).c_str(),
+        throw ModelError(strfmt("model '%s': tensor '%s' has type %s, which minfer cannot multiply", path_of(w).c_str(),
                                  name.c_str(), type_traits(t).name));
 }
 
@@ -68,10 +68,10 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
     ModelConfig c;
     const GGUFValue* a = w.gguf().find("general.architecture");
     if (!a || a->type != GGUFType::STRING)
-        throw MinferError(strfmt("model '%s' has no general.architecture string", path_of(w).c_str()));
+        throw ModelError(strfmt("model '%s' has no general.architecture string", path_of(w).c_str()));
     c.arch = std::string(a->str);
     if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
-        throw MinferError(strfmt("model '%s': architecture '%s' is not supported (llama, qwen2, qwen3)",
+        throw ModelError(strfmt("model '%s': architecture '%s' is not supported (llama, qwen2, qwen3)",
                                  path_of(w).c_str(), c.arch.c_str()));
     const std::string p = c.arch + ".";
     const double req = 0.0 / 0.0;
@@ -81,21 +81,21 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
     c.n_head = meta_int(w, p + "attention.head_count", req, 1, 4096);
     c.n_head_kv = meta_int(w, p + "attention.head_count_kv", c.n_head, 1, c.n_head);
     if (c.n_head % c.n_head_kv != 0)
-        throw MinferError(strfmt("model '%s': %d attention heads is not a multiple of %d KV heads", path_of(w).c_str(),
+        throw ModelError(strfmt("model '%s': %d attention heads is not a multiple of %d KV heads", path_of(w).c_str(),
                                  c.n_head, c.n_head_kv));
     c.head_dim = meta_int(w, p + "attention.key_length", c.n_embd / c.n_head, 2, 1 << 14);
     int vlen = meta_int(w, p + "attention.value_length", c.head_dim, 2, 1 << 14);
     if (vlen != c.head_dim)
-        throw MinferError(strfmt("model '%s': key length %d != value length %d is not supported", path_of(w).c_str(),
+        throw ModelError(strfmt("model '%s': key length %d != value length %d is not supported", path_of(w).c_str(),
                                  c.head_dim, vlen));
     c.eps = float(meta_num(w, p + "attention.layer_norm_rms_epsilon", req));
     c.rope_base = float(meta_num(w, p + "rope.freq_base", 10000.0));
     c.rope_dim = meta_int(w, p + "rope.dimension_count", c.head_dim, 2, c.head_dim);
-    if (c.rope_dim % 2) throw MinferError(strfmt("model '%s': odd rope dimension %d", path_of(w).c_str(), c.rope_dim));
+    if (c.rope_dim % 2) throw ModelError(strfmt("model '%s': odd rope dimension %d", path_of(w).c_str(), c.rope_dim));
     c.n_ctx_train = meta_int(w, p + "context_length", 4096, 1, 1 << 24);
     if (const GGUFValue* s = w.gguf().find(p + "rope.scaling.type"))
         if (s->type == GGUFType::STRING && s->str != "none")
-            throw MinferError(strfmt("model '%s': rope scaling '%.*s' is not supported", path_of(w).c_str(),
+            throw ModelError(strfmt("model '%s': rope scaling '%.*s' is not supported", path_of(w).c_str(),
                                      int(s->str.size()), s->str.data()));
     c.rope_neox = c.arch != "llama";
     c.qkv_bias = c.arch == "qwen2";

@@ -12,6 +12,7 @@ PYBIND11_MODULE(_minfer, m) {
     // Messages are valid UTF-8 by construction (MinferError's constructor).
     auto& minfer_error = py::register_exception<minfer::MinferError>(m, "MinferError", PyExc_RuntimeError);
     py::register_exception<minfer::GGUFError>(m, "GGUFError", minfer_error.ptr());
+    py::register_exception<minfer::ModelError>(m, "ModelError", minfer_error.ptr());
     m.attr("pybind11_version") = PYBIND11_VERSION_MAJOR * 10000 + PYBIND11_VERSION_MINOR * 100 + PYBIND11_VERSION_PATCH;
     minfer::bind_gguf(m);
     minfer::bind_quant(m);

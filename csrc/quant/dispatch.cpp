@@ -11,6 +11,10 @@
 #include <sys/auxv.h>
 #endif
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
 #include "common/error.h"
 #include "quant/quant.h"
 
@@ -56,17 +60,25 @@ const char* isa_name(Isa isa) {
     return "?";
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+// F16C by cpuid (leaf 1, ecx bit 29): not every compiler's __builtin_cpu_supports knows it.
+static bool has_f16c() {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static bool cpu_has(Isa isa) {
     switch (isa) {
         case Isa::scalar: return true;
 #if defined(__x86_64__) || defined(__i386__)
         // __builtin_cpu_supports also checks that the OS saves the wide registers.
         case Isa::avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
         case Isa::avx512:
             return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                    __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-                   __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+                   __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c();
 #endif
 #if defined(__aarch64__) && defined(__linux__)
         case Isa::neon: return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;  // the dot-product extension

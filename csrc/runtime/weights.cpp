@@ -12,7 +12,7 @@ WeightStore::WeightStore(std::shared_ptr<GGUF> gguf) : gguf_(std::move(gguf)) {
 const Weight& WeightStore::get(const std::string& name) const {
     auto it = weights_.find(name);
     if (it == weights_.end())
-        throw MinferError(strfmt("model '%s' has no tensor '%s'", gguf_->paths()[0].c_str(), name.c_str()));
+        throw ModelError(strfmt("model '%s' has no tensor '%s'", gguf_->paths()[0].c_str(), name.c_str()));
     return it->second;
 }
 
