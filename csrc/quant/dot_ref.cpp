@@ -239,8 +239,7 @@ float dot_bf16_f32(int64_t n, const void* vw, const void* va) {
 }
 
 DotKernels make_table() {
-    return make_dot_table(Isa::scalar, {dot_f32_f32, dot_f16_f32, dot_bf16_f32, dot_q4_0_q8_0, dot_q5_0_q8_0, dot_q8_0_q8_0, dot_q4_1_q8_1, dot_q5_1_q8_1,
-                                  dot_q2_K_q8_K, dot_q3_K_q8_K, dot_q4_K_q8_K, dot_q5_K_q8_K, dot_q6_K_q8_K});
+    return make_dot_table(Isa::scalar, MINFER_DOT_FNS);
 }
 
 }  // namespace
