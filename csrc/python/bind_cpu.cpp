@@ -2,6 +2,7 @@
 #include <memory>
 
 #include "backends/cpu/matmul.h"
+#include "runtime/bandwidth.h"
 #include "common/error.h"
 #include "python/bindings.h"
 
@@ -36,6 +37,12 @@ void bind_cpu(py::module_& m) {
         .def(py::init<int>(), py::arg("n_threads"))
         .def_property_readonly("size", &ThreadPool::size);
     m.def("physical_cores", &physical_cores);
+    m.def("read_bandwidth_gbps", [](size_t bytes, int reps, std::shared_ptr<ThreadPool> pool) {
+        if (!pool) pool = std::make_shared<ThreadPool>(physical_cores());
+        py::gil_scoped_release nogil;
+        return read_bandwidth_gbps(bytes, reps, *pool);
+    }, py::arg("bytes") = size_t(512) << 20, py::arg("reps") = 5, py::arg("pool") = nullptr,
+       "best streaming-read GB/s over `reps` passes of a `bytes` buffer");
 
     m.def("matmul", [](const py::array& w, uint32_t type, const F32Array& x, std::shared_ptr<ThreadPool> pool,
                        const py::object& isa, py::object out) {
