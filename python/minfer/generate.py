@@ -30,10 +30,12 @@ from .tokenizer import TokenizerError
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__.split("\n\n")[0])
-    ap.add_argument("prompt", nargs="?", default="The capital of France is")
-    ap.add_argument("--model", "-m", default=hub.DEFAULT_MODEL)
-    ap.add_argument("-n", "--max-tokens", type=int, default=64)
+    ap = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("prompt", nargs="?", default=None, help='the prompt (default: "The capital of France is")')
+    ap.add_argument("--prompt", "-p", dest="prompt_opt", default=None, metavar="PROMPT", help="the prompt, as an option")
+    ap.add_argument("--model", "-m", default=hub.DEFAULT_MODEL, help="GGUF path or model name (default: %(default)s)")
+    ap.add_argument("-n", "--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
     ap.add_argument("--threads", "-t", type=int, default=0, help="default: physical cores")
     ap.add_argument("--ctx", type=int, default=0, help="context size (default: the model's, capped at 4096)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"])
@@ -50,6 +52,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
     ap.add_argument("--verbose", "-v", action="store_true", help="log loading and generation details to stderr")
     a = ap.parse_args(argv)
+    if a.prompt is not None and a.prompt_opt is not None:
+        ap.error("give the prompt once: positionally or with --prompt")
+    a.prompt = a.prompt if a.prompt is not None else a.prompt_opt if a.prompt_opt is not None else "The capital of France is"
     if a.verbose:
         logging.basicConfig(level=logging.DEBUG, format="[%(name)s] %(message)s")
     sampling = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
