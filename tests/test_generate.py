@@ -87,3 +87,16 @@ def test_corrupt_cache_is_refetched_never_used(tmp_path, monkeypatch):
     monkeypatch.setenv("MINFER_OFFLINE", "1")
     with pytest.raises(hub.FetchError, match="not in the cache"):
         hub.fetch("smollm2-135m")
+
+
+def test_generate_cli_json():
+    import json
+
+    path = real_model("smollm2-135m")
+    r = subprocess.run([sys.executable, "-m", "minfer.generate", "-m", str(path), "--json", "-n", "5", "-t", "2",
+                        "--prompt", "The capital of France is"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    tok = tokenizer.from_gguf(path)
+    assert out["text"] == tok.decode(out["tokens"]) and out["metrics"]["generated_tokens"] == len(out["tokens"])
+    assert out["metrics"]["stop_reason"] in ("length", "stop")

@@ -68,18 +68,19 @@ def main(argv=None) -> int:
         while turn is not None:
             if a.chat:
                 messages.append({"role": "user", "content": turn})
-                pieces = llm.chat_stream(messages, max_tokens=a.max_tokens, stop=a.stop, **sampling)
+            if a.json:  # one machine-readable result per turn
+                out = (llm.chat(messages, max_tokens=a.max_tokens, stop=a.stop, **sampling) if a.chat else
+                       llm.generate(turn, max_tokens=a.max_tokens, stop=a.stop, **sampling))
+                text = [out.text]
+                print(json.dumps({"text": out.text, "tokens": out.tokens, "metrics": dataclasses.asdict(out.metrics)}))
             else:
-                pieces = llm.stream(turn, max_tokens=a.max_tokens, stop=a.stop, **sampling)
-            text = []
-            for piece in pieces:
-                text.append(piece)
-                if not a.json:
+                pieces = (llm.chat_stream(messages, max_tokens=a.max_tokens, stop=a.stop, **sampling) if a.chat else
+                          llm.stream(turn, max_tokens=a.max_tokens, stop=a.stop, **sampling))
+                text = []
+                for piece in pieces:
+                    text.append(piece)
                     sys.stdout.write(piece)
                     sys.stdout.flush()
-            if a.json:
-                print(json.dumps({"text": "".join(text), "metrics": dataclasses.asdict(llm.last_metrics)}))
-            else:
                 sys.stdout.write("\n")
                 sys.stdout.flush()
                 report(llm)
