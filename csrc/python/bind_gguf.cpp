@@ -81,14 +81,14 @@ py::array tensor_view(const std::shared_ptr<GGUF>& g, const GGUFTensor& t) {
         case GGML_TYPE_F16: dtype = py::dtype("float16"); break;
         case GGML_TYPE_F64: dtype = py::dtype::of<double>(); break;
         case GGML_TYPE_I8: dtype = py::dtype::of<int8_t>(); break;
-        case GGML_TYPE_I16: case GGML_TYPE_BF16: dtype = py::dtype::of<int16_t>(); break;
+        case GGML_TYPE_I16: dtype = py::dtype::of<int16_t>(); break;
+        case GGML_TYPE_BF16: dtype = py::dtype::of<uint16_t>(); break;  // raw bits: numpy has no bfloat16
         case GGML_TYPE_I32: dtype = py::dtype::of<int32_t>(); break;
         case GGML_TYPE_I64: dtype = py::dtype::of<int64_t>(); break;
         default:
             dtype = py::dtype::of<uint8_t>();
             shape.back() = py::ssize_t(row_size(t.type, t.dims[0]));
     }
-    if (t.type == GGML_TYPE_BF16) dtype = py::dtype::of<uint16_t>();
     py::array a(dtype, shape, {}, t.data, base);
     // read-only: the mapping is PROT_READ, a write would fault
     py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;

@@ -210,7 +210,7 @@ class _Generation:
             llm._cached = list(ids)
             t_prefill = time.perf_counter() - t0
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
-            for t in ids[-self.sampler_window():]:
+            for t in ids:  # the prompt counts for the repetition penalties (the sampler keeps its window)
                 self.sampler.accept(t)
             detok = tokenizer.Detokenizer(llm.tokenizer)
             text_sent, pending = 0, ""
@@ -260,9 +260,6 @@ class _Generation:
                 m.decode_tps = (m.generated_tokens - 1) / max(time.perf_counter() - t_first, 1e-9)
             llm.last_metrics = m
             log.debug("generation: %s", m)
-
-    def sampler_window(self) -> int:
-        return 64
 
 
 def _find_stop(text: str, stops: list) -> int | None:
