@@ -64,7 +64,7 @@ class LLM:
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)
-        self.tokenizer = tokenizer.BPETokenizer(self._file.metadata)
+        self.tokenizer = tokenizer.from_gguf(self._file)
         self._model = engine.Model(self.path)
         self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type)
         self._template = self._file.metadata.get("tokenizer.chat_template")

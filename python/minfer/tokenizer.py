@@ -80,38 +80,26 @@ class Special:
     add_eos: bool
 
 
-class BPETokenizer:
-    def __init__(self, meta: dict):
-        model = meta.get("tokenizer.ggml.model")
-        if model != "gpt2":
-            raise TokenizerError(f"tokenizer model {model!r} is not supported yet (byte-level BPE 'gpt2' is)")
+class _Vocabulary:
+    """What both tokenizer kinds read from the GGUF: the tokens and their types, the
+    special ids (BOS/EOS/end-of-generation), and the special-token splitters."""
+
+    def _load_vocabulary(self, meta: dict, add_bos_default: bool) -> None:
         self.tokens: list[str] = meta["tokenizer.ggml.tokens"]
         self.types: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
         for i, t in enumerate(self.tokens):
             if t in EOG_TEXTS and self.types[i] == NORMAL:
                 self.types[i] = CONTROL
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
-        merges = meta.get("tokenizer.ggml.merges", [])
-        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
-        self.pre = meta.get("tokenizer.ggml.pre", "default")
-        if self.pre not in PRE_TOKENIZERS:
-            raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported ({', '.join(sorted(PRE_TOKENIZERS))})")
-        self.ignore_merges = self.pre in ("llama-bpe", "llama3")  # whole words in the vocab win
-        self.regexes = [regex.compile(r) for r in PRE_TOKENIZERS[self.pre]]
-        self.byte_to_char, self.char_to_byte = byte_map()
 
         def pick(key):
             v = meta.get(key)
             return int(v) if v is not None and 0 <= int(v) < len(self.tokens) else None
         eog = {i for i, t in enumerate(self.tokens) if t in EOG_TEXTS}
-        eos = pick("tokenizer.ggml.eos_token_id")
-        if eos is not None:
-            eog.add(eos)
-        eot = pick("tokenizer.ggml.eot_token_id")
-        if eot is not None:
-            eog.add(eot)
+        eos, eot = pick("tokenizer.ggml.eos_token_id"), pick("tokenizer.ggml.eot_token_id")
+        eog |= {i for i in (eos, eot) if i is not None}
         self.special = Special(frozenset(eog), pick("tokenizer.ggml.bos_token_id"), eos,
-                               bool(meta.get("tokenizer.ggml.add_bos_token", False)),
+                               bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
                                bool(meta.get("tokenizer.ggml.add_eos_token", False)))
         specials = [(t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED) and t]
         specials.sort(key=lambda ti: -len(ti[0]))  # longest first, so no token cuts a longer one
@@ -122,18 +110,40 @@ class BPETokenizer:
     def _special_re(texts):
         return regex.compile("(" + "|".join(regex.escape(t) for t in texts) + ")") if texts else None
 
+    def _split_special(self, text: str, parse_special: bool) -> list[str]:
+        """Text pieces alternating with special-token texts (odd indices)."""
+        splitter = self._special_all if parse_special else self._special_user
+        return splitter.split(text) if splitter else [text]
+
     @property
     def n_vocab(self) -> int:
         return len(self.tokens)
+
+    def decode(self, ids, special: bool = False) -> str:
+        return b"".join(self.token_bytes(int(i), special) for i in ids).decode("utf-8", errors="replace")
+
+
+class BPETokenizer(_Vocabulary):
+    def __init__(self, meta: dict):
+        model = meta.get("tokenizer.ggml.model")
+        if model != "gpt2":
+            raise TokenizerError(f"tokenizer model {model!r} is not supported yet (byte-level BPE 'gpt2' is)")
+        self._load_vocabulary(meta, add_bos_default=False)
+        merges = meta.get("tokenizer.ggml.merges", [])
+        self.ranks = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}
+        self.pre = meta.get("tokenizer.ggml.pre", "default")
+        if self.pre not in PRE_TOKENIZERS:
+            raise TokenizerError(f"pre-tokenizer {self.pre!r} is not supported ({', '.join(sorted(PRE_TOKENIZERS))})")
+        self.ignore_merges = self.pre in ("llama-bpe", "llama3")  # whole words in the vocab win
+        self.regexes = [regex.compile(r) for r in PRE_TOKENIZERS[self.pre]]
+        self.byte_to_char, self.char_to_byte = byte_map()
 
     # -- encoding ---------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = []
         if add_special and self.special.add_bos and self.special.bos is not None:
             ids.append(self.special.bos)
-        splitter = self._special_all if parse_special else self._special_user
-        pieces = splitter.split(text) if splitter else [text]
-        for k, piece in enumerate(pieces):
+        for k, piece in enumerate(self._split_special(text, parse_special)):
             if k % 2 == 1:  # a special token matched by the splitter's group
                 ids.append(self.vocab[piece])
             elif piece:
@@ -204,9 +214,6 @@ class BPETokenizer:
             return t.encode()
         return bytes(self.char_to_byte.get(c, ord("?")) for c in t)
 
-    def decode(self, ids, special: bool = False) -> str:
-        return b"".join(self.token_bytes(int(i), special) for i in ids).decode("utf-8", errors="replace")
-
 
 class Detokenizer:
     """Incremental decoding for streaming: push(token) returns the new text that
@@ -240,7 +247,7 @@ def _complete_prefix(b: bytes) -> int:
     return n
 
 
-class SPMTokenizer(BPETokenizer):
+class SPMTokenizer(_Vocabulary):
     """SentencePiece-style vocabularies (`tokenizer.ggml.model = llama`): spaces
     become U+2581, a space is prepended, and adjacent pieces merge highest score
     first (leftmost on ties) while the merged piece is in the vocabulary;
@@ -248,41 +255,21 @@ class SPMTokenizer(BPETokenizer):
 
     SPACE = "\u2581"
 
-    def __init__(self, meta: dict):  # noqa: super().__init__ is the BPE one; share only the special-token logic
+    def __init__(self, meta: dict):
         if meta.get("tokenizer.ggml.model") != "llama":
             raise TokenizerError("SPMTokenizer needs tokenizer.ggml.model = 'llama'")
-        self.tokens = meta["tokenizer.ggml.tokens"]
+        self._load_vocabulary(meta, add_bos_default=True)
         self.scores = meta.get("tokenizer.ggml.scores", [0.0] * len(self.tokens))
-        self.types = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
-        for i, t in enumerate(self.tokens):
-            if t in EOG_TEXTS and self.types[i] == NORMAL:
-                self.types[i] = CONTROL
-        self.vocab = {t: i for i, t in enumerate(self.tokens)}
         self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         self.byte_tokens = {b: self.vocab.get(f"<0x{b:02X}>") for b in range(256)}
         self.unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
-
-        def pick(key):
-            v = meta.get(key)
-            return int(v) if v is not None and 0 <= int(v) < len(self.tokens) else None
-        eos = pick("tokenizer.ggml.eos_token_id")
-        eog = {i for i, t in enumerate(self.tokens) if t in EOG_TEXTS} | ({eos} if eos is not None else set())
-        self.special = Special(frozenset(eog), pick("tokenizer.ggml.bos_token_id"), eos,
-                               bool(meta.get("tokenizer.ggml.add_bos_token", True)),
-                               bool(meta.get("tokenizer.ggml.add_eos_token", False)))
-        specials = sorted(((t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED) and t),
-                          key=lambda ti: -len(ti[0]))
-        self._special_all = self._special_re([t for t, _ in specials])
-        self._special_user = self._special_re([t for t, i in specials if self.types[i] == USER_DEFINED])
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = []
         if add_special and self.special.add_bos and self.special.bos is not None:
             ids.append(self.special.bos)
-        splitter = self._special_all if parse_special else self._special_user
-        pieces = splitter.split(text) if splitter else [text]
         first = True
-        for k, piece in enumerate(pieces):
+        for k, piece in enumerate(self._split_special(text, parse_special)):
             if k % 2 == 1:
                 ids.append(self.vocab[piece])
             elif piece:
@@ -348,7 +335,7 @@ class SPMTokenizer(BPETokenizer):
         return text[1:] if self.add_space_prefix and text.startswith(" ") else text
 
 
-def from_gguf(path_or_file) -> BPETokenizer:
+def from_gguf(path_or_file) -> BPETokenizer | SPMTokenizer:
     f = path_or_file if isinstance(path_or_file, gguf_mod.GGUFFile) else gguf_mod.open(path_or_file)
     model = f.metadata.get("tokenizer.ggml.model")
     return SPMTokenizer(f.metadata) if model == "llama" else BPETokenizer(f.metadata)
