@@ -83,14 +83,6 @@ void dequant_q2_K(const block_q2_K* b, float* y, int64_t nb) {
     }
 }
 
-// 16 six-bit signed scales of Q3_K: low 4 bits from bytes 0..7 (nibble by
-// index / 8), high 2 bits from bytes 8..11 (2-bit field by index / 4).
-static inline int q3_K_scale(const uint8_t* s, int j) {
-    int lo = (s[j % 8] >> (4 * (j / 8))) & 0xf;
-    int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
-    return (lo | hi << 4) - 32;
-}
-
 void dequant_q3_K(const block_q3_K* b, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; i++, y += QK_K) {
         float d = f16_to_f32(b[i].d);

@@ -149,9 +149,7 @@ float dot_q3_K_q8_K(int64_t n, const void* vw, const void* va) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         int sc[16], offset = 0;
         for (int j = 0; j < 16; j++) {
-            int lo = (w[i].scales[j % 8] >> (4 * (j / 8))) & 0xf;
-            int hi = (w[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3;
-            sc[j] = (lo | hi << 4) - 32;
+            sc[j] = q3_K_scale(w[i].scales, j);
             offset += sc[j] * a[i].bsums[j];
         }
         // q = q2 + 4*hbit - 4: dot the unsigned q2 + 4*hbit, subtract 4 * scale * bsums

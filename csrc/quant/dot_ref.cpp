@@ -129,9 +129,7 @@ float dot_q3_K_q8_K(int64_t n, const void* vw, const void* va) {
     for (int64_t i = 0; i < n / QK_K; i++) {
         int sumi = 0;
         for (int j = 0; j < 16; j++) {
-            int lo = (w[i].scales[j % 8] >> (4 * (j / 8))) & 0xf;
-            int hi = (w[i].scales[8 + j % 4] >> (2 * (j / 4))) & 3;
-            int sc = (lo | hi << 4) - 32;
+            int sc = q3_K_scale(w[i].scales, j);
             int s = 0;
             for (int l = 0; l < 16; l++) {
                 int e = 16 * j + l, half = e / 128, sh = (e / 32) % 4;

@@ -29,6 +29,14 @@ static inline void k_scale_min(const uint8_t* s, int j, int* sc, int* m) {
     }
 }
 
+// Signed 6-bit scale of sub-block j (0..15) of Q3_K: low 4 bits from bytes 0..7
+// (nibble j / 8), high 2 bits from bytes 8..11 (2-bit field j / 4), minus 32.
+static inline int q3_K_scale(const uint8_t* s, int j) {
+    int lo = (s[j % 8] >> (4 * (j / 8))) & 0xf;
+    int hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
 // dot(weight row, activation row) over n values; the activation row is in
 // vec_dot_type(weight type).
 typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
