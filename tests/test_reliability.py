@@ -12,14 +12,14 @@ M = minfer._minfer
 SEEDS = os.path.join(os.path.dirname(__file__), "fuzz", "make_seeds.py")
 
 
-def tiny_model(tmp_path, mutate=None):
+def tiny_model(tmp_path, mutate=None, **shape):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("make_seeds", SEEDS)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     p = tmp_path / "tiny.gguf"
-    p.write_bytes(mod.tiny_llama() if mutate is None else mutate(mod))
+    p.write_bytes(mod.tiny_llama(**shape) if mutate is None else mutate(mod))
     return p
 
 
@@ -146,3 +146,95 @@ def test_consumer_abandoning_a_stream_releases_the_model():
     next(it)
     del it  # the generator closes; its lock is released
     assert llm.generate([5, 6, 7], max_tokens=2).metrics.generated_tokens >= 0
+
+
+# --- memory: a KV cache that cannot fit is refused up front -------------------------------------
+
+def wide_model(tmp_path):
+    # one KV head of width 1024: 8 KiB of f32 K+V per token, and a context length of 2^24
+    return tiny_model(tmp_path, E=1024, H=1, ctx=1 << 24)
+
+
+def test_kv_cache_larger_than_ram_fails_cleanly(tmp_path):
+    path = str(wide_model(tmp_path))
+    n_ctx = 1 << 24  # 128 GiB of f32 KV cache: more than the machines running this suite have
+    with pytest.raises(minfer.OutOfMemoryError, match=r"the KV cache \(F32, 16777216 tokens x 1 layers\) needs 131072\.0 MiB "
+                                                      r"but only [0-9.]+ MiB of memory is available \(.*\); ask for a smaller n_ctx"):
+        M.Session(M.Model(path), n_ctx=n_ctx, threads=1, kv_type="f32")
+    # the same through the Python API, and it is a MemoryError too
+    with pytest.raises(MemoryError):
+        minfer.LLM(path, n_ctx=n_ctx, threads=1, kv_type="f32")
+    # a context that fits still works on the same file
+    with minfer.LLM(path, n_ctx=256, threads=1) as llm:
+        assert len(llm.generate([1, 2], max_tokens=2).tokens) == 2
+
+
+@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer reserves terabytes of address space: RLIMIT_AS cannot apply")
+def test_kv_cache_respects_the_address_space_limit(tmp_path):
+    # RLIMIT_AS (ulimit -v) below what the KV cache needs: the error names that limit,
+    # in a child process so the limit does not touch the test runner
+    import subprocess, sys, textwrap
+    path = str(wide_model(tmp_path))
+    code = textwrap.dedent(f"""
+        import resource, minfer
+        vm = int([l for l in open('/proc/self/status') if l.startswith('VmSize')][0].split()[1]) * 1024
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (1 << 30), resource.RLIM_INFINITY))
+        m = minfer._minfer.Model({path!r})
+        try:
+            minfer._minfer.Session(m, n_ctx=1 << 20, threads=1)   # 8 GiB > 1 GiB of headroom
+        except minfer.OutOfMemoryError as e:
+            print("REFUSED", e)
+        s = minfer._minfer.Session(m, n_ctx=1 << 14, threads=1)   # 128 MiB fits
+        print("OK", s.n_ctx)
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "REFUSED" in r.stdout and "(RLIMIT_AS)" in r.stdout, r.stdout
+    assert "OK 16384" in r.stdout
+
+
+# --- files: a GGUF changed under a running model is an error at the next step, not SIGBUS ------------
+
+def test_truncated_file_under_a_running_model_raises(tmp_path):
+    path = tiny_model(tmp_path)
+    llm = minfer.LLM(str(path), n_ctx=64, threads=1)
+    llm.generate([1, 2, 3], max_tokens=2)
+    size = path.stat().st_size
+    os.truncate(path, size // 2)  # another process cutting the file (a re-download, a full disk)
+    with pytest.raises(minfer.GGUFError, match=rf"changed size while in use \({size} bytes at open, now {size // 2}\)"):
+        llm.generate([1, 2, 3], max_tokens=2)
+    with pytest.raises(minfer.GGUFError):  # and stays refused: nothing reads the lost pages
+        llm.generate([4], max_tokens=1)
+    llm.close()
+
+
+def test_rewritten_file_under_a_running_model_raises(tmp_path):
+    path = tiny_model(tmp_path)
+    llm = minfer.LLM(str(path), n_ctx=64, threads=1)
+    llm.generate([1, 2, 3], max_tokens=2)
+    data = bytearray(path.read_bytes())
+    data[-4:] = b"\x00\x00\x80\x7f"  # same size, one weight now +inf
+    with open(path, "r+b") as f:  # in place: the mapping sees the new bytes
+        f.write(data)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # coarse-clock filesystems: make the change visible
+    with pytest.raises(minfer.GGUFError, match="was modified while in use"):
+        llm.generate([1, 2, 3], max_tokens=2)
+    llm.close()
+
+
+def test_model_file_is_opened_read_only(tmp_path):
+    path = tiny_model(tmp_path)
+    before = path.read_bytes(), path.stat().st_mtime_ns
+    with minfer.LLM(str(path), n_ctx=64, threads=1) as llm:
+        flags = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                    flags.append(int(open(f"/proc/self/fdinfo/{fd}").read().split("flags:")[1].split()[0], 8))
+            except OSError:
+                pass
+        assert flags, "the model file should be held open (for the change check)"
+        assert all(f & os.O_ACCMODE == os.O_RDONLY for f in flags)
+        llm.generate([1, 2, 3], max_tokens=4)
+    assert (path.read_bytes(), path.stat().st_mtime_ns) == before

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "common/error.h"
 
@@ -33,7 +34,11 @@ void HostBackend::free_buffer(int id) {
 }
 
 int HostBackend::alloc_fresh(size_t n) {
-    pool_.emplace_back(n ? n : 1);
+    try {
+        pool_.emplace_back(n ? n : 1);
+    } catch (const std::bad_alloc&) {
+        throw OutOfMemoryError(strfmt("%s: cannot allocate a buffer of %.1f MiB", name(), double(n) * 4 / 1048576.0));
+    }
     return int(pool_.size()) - 1;
 }
 

@@ -28,6 +28,12 @@ struct ModelError : MinferError {
     using MinferError::MinferError;
 };
 
+// A KV cache or buffer larger than the memory this process may take (checked
+// up front; Python: minfer.OutOfMemoryError, also a MemoryError).
+struct OutOfMemoryError : MinferError {
+    using MinferError::MinferError;
+};
+
 // printf-style message builder for the errors above.
 std::string strfmt(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

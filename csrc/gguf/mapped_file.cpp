@@ -22,6 +22,7 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
     std::shared_ptr<MappedFile> f(new MappedFile());
     f->path_ = path;
     f->size_ = size_t(st.st_size);
+    f->fd_ = -1;
     if (f->size_ > 0) {
         void* p = mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, fd, 0);
         if (p == MAP_FAILED) {
@@ -32,7 +33,8 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
         }
         f->data_ = (const uint8_t*)p;
     }
-    ::close(fd);  // the mapping keeps the file alive
+    f->fd_ = fd;  // kept for check_unchanged()
+    f->mtime_ns_ = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
     return f;
 }
 
@@ -47,6 +49,22 @@ std::shared_ptr<MappedFile> MappedFile::from_memory(const std::string& name, con
 
 MappedFile::~MappedFile() {
     if (data_ && owned_.empty()) munmap((void*)data_, size_);
+    if (fd_ >= 0) ::close(fd_);
+}
+
+void MappedFile::check_unchanged() const {
+    if (fd_ < 0) return;
+    struct stat st;
+    if (fstat(fd_, &st) != 0)
+        throw GGUFError(strfmt("GGUF file '%s' can no longer be inspected: %s", path_.c_str(), std::strerror(errno)));
+    if (size_t(st.st_size) != size_)
+        throw GGUFError(strfmt("GGUF file '%s' changed size while in use (%zu bytes at open, now %lld): it was "
+                               "truncated or rewritten by another process; reopen the model",
+                               path_.c_str(), size_, (long long)st.st_size));
+    int64_t mtime = int64_t(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+    if (mtime != mtime_ns_)
+        throw GGUFError(strfmt("GGUF file '%s' was modified while in use (its weights may have changed); reopen the model",
+                               path_.c_str()));
 }
 
 }  // namespace minfer

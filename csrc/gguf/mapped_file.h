@@ -1,6 +1,13 @@
 // A read-only memory mapping of a whole file.  The GGUF reader and every weight
 // view point into it; it is never written (PROT_READ), and it stays mapped as
 // long as any shared_ptr to it lives (numpy views included).
+//
+// A file truncated by another process turns reads of the lost pages into
+// SIGBUS, which no library can recover from safely inside a computation.  So
+// the descriptor stays open and check_unchanged() compares the file's size and
+// modification time with those at open: callers run it at safe points (before
+// each evaluation) and get a GGUFError instead of a crash or silently
+// different weights.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -22,6 +29,8 @@ class MappedFile {
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
     const std::string& path() const { return path_; }
+    // Throws GGUFError if the file was truncated, extended or rewritten since open.
+    void check_unchanged() const;
 
   private:
     MappedFile() = default;
@@ -29,6 +38,8 @@ class MappedFile {
     std::vector<uint8_t> owned_;  // from_memory only
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
+    int fd_ = -1;               // open() only
+    int64_t mtime_ns_ = 0;
 };
 
 }  // namespace minfer

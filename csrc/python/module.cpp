@@ -13,6 +13,36 @@ PYBIND11_MODULE(_minfer, m) {
     auto& minfer_error = py::register_exception<minfer::MinferError>(m, "MinferError", PyExc_RuntimeError);
     py::register_exception<minfer::GGUFError>(m, "GGUFError", minfer_error.ptr());
     py::register_exception<minfer::ModelError>(m, "ModelError", minfer_error.ptr());
+    // Both a MinferError and a MemoryError, so either `except` catches it.
+    py::register_exception<minfer::OutOfMemoryError>(m, "OutOfMemoryError",
+                                                     py::make_tuple(minfer_error, py::handle(PyExc_MemoryError)));
+    // What this extension was built as, for bug reports and for tests that must
+    // know they run the sanitized build.
+    m.def("build_info", [] {
+        py::dict d;
+#if defined(__clang__)
+        d["compiler"] = "clang " __clang_version__;
+#elif defined(__GNUC__)
+        d["compiler"] = "gcc " __VERSION__;
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+        d["sanitized"] = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+        d["sanitized"] = true;
+#else
+        d["sanitized"] = false;
+#endif
+#else
+        d["sanitized"] = false;
+#endif
+#ifdef NDEBUG
+        d["assertions"] = false;
+#else
+        d["assertions"] = true;
+#endif
+        return d;
+    });
     m.attr("pybind11_version") = PYBIND11_VERSION_MAJOR * 10000 + PYBIND11_VERSION_MINOR * 100 + PYBIND11_VERSION_PATCH;
     minfer::bind_gguf(m);
     minfer::bind_quant(m);

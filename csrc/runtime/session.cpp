@@ -7,7 +7,9 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/reference/reference_backend.h"
 #include "common/error.h"
+#include "backends/kv_format.h"
 #include "models/decoder.h"
+#include "runtime/memory.h"
 
 namespace minfer {
 
@@ -44,6 +46,12 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
     if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
         throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
     if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
+    // Refuse a KV cache that cannot fit now, not when the OOM killer notices.
+    size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) *
+                      kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    check_fits(kv_bytes,
+               strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer),
+               "ask for a smaller n_ctx, or kv_type='q8_0'");
     pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
     kv_.type = opts_.kv_type;
     kv_.n_ctx = opts_.n_ctx;
@@ -110,6 +118,9 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c.n_vocab)
             throw MinferError(strfmt("eval: token id %d at index %d is out of range [0, %d)", tokens[i], i, c.n_vocab));
+    // A safe point: a weights file changed by another process is an error here,
+    // before any of its pages is read again (see MappedFile::check_unchanged).
+    for (const auto& f : model_->gguf().files()) f->check_unchanged();
     Plan& pl = plan(n, all_logits);
     std::vector<int32_t> pos((size_t)(n));
     for (int i = 0; i < n; i++) pos[size_t(i)] = start_pos + i;

@@ -10,12 +10,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gguf_writer import ARR, BOOL, F32, F64, I8, I16, I32, I64, STR, U8, U16, U32, U64, build_gguf, f32_tensor  # noqa
 
 
-def tiny_llama():
-    E, F, V, H = 8, 16, 12, 2
+def tiny_llama(E=8, H=2, ctx=64):
+    F, V = 16, 12
     kv = [("general.architecture", STR, "llama"), ("llama.block_count", U32, 1), ("llama.embedding_length", U32, E),
           ("llama.feed_forward_length", U32, F), ("llama.attention.head_count", U32, H),
           ("llama.attention.head_count_kv", U32, 1), ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5),
-          ("llama.rope.freq_base", F32, 10000.0), ("llama.context_length", U32, 64),
+          ("llama.rope.freq_base", F32, 10000.0), ("llama.context_length", U32, ctx),
           ("tokenizer.ggml.model", STR, "gpt2"), ("tokenizer.ggml.tokens", ARR, [chr(97 + i) for i in range(V)], STR)]
     r = np.random.default_rng(0)
     t = lambda name, *shape: f32_tensor(name, r.standard_normal(shape).astype(np.float32))
