@@ -8,7 +8,9 @@
        |simd - ref| <= 2 * (n_terms + 4) * u * S,   u = 2^-24,
    where S = sum of |term| over the products (a standard bound for two
    different orders of summing n_terms terms, each with a few roundings).
-2. The scalar reference is within the activation quantization error of a
+2. The 4-token kernels (the prefill GEMM's unit) equal 4 calls of the same
+   ISA's single-token kernel bit for bit: per token they do the same operations.
+3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
 import numpy as np
@@ -16,6 +18,7 @@ import pytest
 
 from conftest import all_isas, require_isa
 from minfer.quants import GGMLType as T, WEIGHT_TYPES, dequantize, quantize_act, type_info, vec_dot, vec_dot_type
+from minfer import _minfer as native
 from quant_helpers import MIN_FIELDS, parse_act, random_weight_row, with_min_zeroed
 
 U = 2.0 ** -24
@@ -57,6 +60,32 @@ def test_simd_matches_scalar(isa, t, rng):
                 n_terms = n // type_info(t)[1] if t not in (T.F32, T.F16, T.BF16) else n
                 tol = 2 * (n_terms + 4) * U * abs_term_sum(t, w, a_vals, n)
                 assert abs(got - ref) <= tol, f"{t.name} n={n}: |{got} - {ref}| > {tol}"
+
+
+@pytest.mark.parametrize("isa", [i for i in all_isas() if i != "scalar"])
+@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+def test_dot4_matches_dot(isa, t, rng):
+    require_isa(isa)
+    if not native.has_dot4(t, isa):
+        pytest.skip(f"{t.name} has no {isa} 4-token kernel (the GEMM calls the single-token one)")
+    for n in lengths_for(t):
+        for trial in range(10):
+            w = random_weight_row(rng, t, n)
+            x = (rng.standard_normal((4, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(4)])
+            got = native.vec_dot4(t, w, a, isa)
+            want = [vec_dot(t, w, a[k], isa) for k in range(4)]
+            assert got == want, f"{t.name} n={n}: {got} != {want}"
+
+
+def test_dot4_exists_where_the_real_models_need_it():
+    # the types of the three real models: without these the prefill GEMM silently loses its 4-token path
+    isa = native.default_isa()
+    if isa in ("avx2", "avx512"):
+        for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
+            assert native.has_dot4(t, isa), t.name
+    else:
+        pytest.skip(f"4-token kernels are x86-only so far (this CPU runs {isa})")
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)

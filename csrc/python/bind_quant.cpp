@@ -79,6 +79,20 @@ void bind_quant(py::module_& m) {
         return k.dot[type](n, wb.p, ab.p);
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
 
+    m.def("vec_dot4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        // a: 4 activation rows, contiguous (rows of the byte array)
+        Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
+        int64_t n = values_in(type, wb.n, "vec_dot4 weights");
+        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot4 activations");
+        if (na != 4 * n) throw MinferError(strfmt("vec_dot4: weights hold %lld values, activations %lld (want 4x)", (long long)n, (long long)na));
+        const DotKernels& k = dot_kernels(isa_from(isa));
+        if (!k.dot4[type]) throw MinferError(strfmt("vec_dot4: no %s 4-token kernel for %s", isa_name(k.isa), type_traits(type).name));
+        std::vector<float> out(4);
+        k.dot4[type](n, wb.p, ab.p, ab.n / 4, out.data());
+        return out;
+    }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("has_dot4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).dot4[type] != nullptr; },
+          py::arg("type"), py::arg("isa") = py::none());
     m.def("default_isa", [] { return isa_name(default_isa()); });
     m.def("available_isas", [] {
         py::list out;

@@ -41,12 +41,18 @@ static inline int q3_K_scale(const uint8_t* s, int j) {
 // vec_dot_type(weight type).
 typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 
+// dot of one weight row with 4 activation rows (a, a + stride, a + 2 stride,
+// a + 3 stride, in bytes) into out[0..4): the prefill GEMM's unit, bit-identical
+// to 4 calls of the same ISA's vec_dot_fn.
+typedef void (*vec_dot4_fn)(int64_t n, const void* w, const void* a, size_t stride, float* out);
+
 enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
 const char* isa_name(Isa isa);
 
 struct DotKernels {
     Isa isa;
-    vec_dot_fn dot[GGML_TYPE_COUNT];  // nullptr where the weight type has no kernel
+    vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
+    vec_dot4_fn dot4[GGML_TYPE_COUNT];  // nullptr where there is no 4-token form (use dot 4 times)
 };
 
 // One ISA's kernels, in the order of the table below (weights x activations).

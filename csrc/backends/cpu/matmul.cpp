@@ -74,8 +74,20 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const int64_t t1 = t0 + kTok < n_tok ? t0 + kTok : n_tok;
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
+        const vec_dot4_fn dot4 = kernels.dot4[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
-        for (int64_t t = t0; t < t1; t++) {
+        int64_t t = t0;
+        // four tokens per weight-row pass where the ISA has the 4-token kernel
+        for (; dot4 && t + 4 <= t1; t += 4) {
+            const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
+            float* yt = job.y + t * job.y_ld;
+            for (int64_t r = r0; r < r1; r++) {
+                float o[4];
+                dot4(cols, wb + size_t(r) * w_row, ap, a.row_bytes, o);
+                for (int k = 0; k < 4; k++) yt[k * job.y_ld + r] = o[k];
+            }
+        }
+        for (; t < t1; t++) {
             const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
             float* yt = job.y + t * job.y_ld;
             for (int64_t r = r0; r < r1; r++) yt[r] = dot(cols, wb + size_t(r) * w_row, ap);
