@@ -143,11 +143,12 @@ def test_matmul(request, rng, fixture, weight, bias, n):
     assert np.all(np.abs(cpu - ref) <= bound + (np.abs(ref) * 4 * U if bias else 0)), np.abs(cpu - ref).max()
 
 
+@pytest.mark.parametrize("n", [37, 1, 3], ids=["prefill", "decode", "decode3"])  # < 4 rows: the decode path
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(12, 2, 128), (9, 3, 64)])
-def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim):
+def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, n):
     m, s = q15
-    n, n_ctx = 37, 64
+    n_ctx = 64
     q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
     k = (rng.standard_normal((n, n_head_kv * head_dim)) * 2).astype(np.float32)
     v = rng.standard_normal((n, n_head_kv * head_dim)).astype(np.float32)

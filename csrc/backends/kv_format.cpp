@@ -2,6 +2,9 @@
 
 #include <cstring>
 #include <vector>
+#if defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "common/error.h"
 #include "common/half.h"
@@ -49,15 +52,32 @@ void kv_read_row(uint32_t kv_type, const void* row, int64_t col, float* y, int64
     switch (kv_type) {
         case GGML_TYPE_F32: std::memcpy(y, (const float*)row + col, size_t(n) * 4); return;
         case GGML_TYPE_F16: {
-            const float* t = f16_table();
             const uint16_t* h = (const uint16_t*)row + col;
-            for (int64_t i = 0; i < n; i++) y[i] = t[h[i]];
+            int64_t i = 0;
+#if defined(__F16C__) && defined(__FMA__)
+            for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
+#endif
+            const float* t = f16_table();
+            for (; i < n; i++) y[i] = t[h[i]];
             return;
         }
         default:
             dequantize_row(GGML_TYPE_Q8_0, (const block_q8_0*)row + col / QK8_0, y, n);
             return;
     }
+}
+
+void axpy_f16(float a, const uint16_t* h, float* y, int64_t n) {
+    int64_t i = 0;
+#if defined(__F16C__) && defined(__FMA__)
+    const __m256 va = _mm256_set1_ps(a);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i)));
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x, _mm256_loadu_ps(y + i)));
+    }
+#endif
+    const float* t = f16_table();
+    for (; i < n; i++) y[i] += a * t[h[i]];
 }
 
 }  // namespace minfer

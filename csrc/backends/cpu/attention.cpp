@@ -33,6 +33,42 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     for (int64_t r = 0; r < rows; r++)
         if (pos[r] < 0 || pos[r] >= kv.n_ctx)
             throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
+    if (kv.type == GGML_TYPE_F16 && rows < 4) {
+        // Decode with the default f16 cache reads it in place: scores with the
+        // ISA's f16 x f32 dot, values with axpy_f16.  Without a conversion pass a
+        // task can be one query head (there are only 2-3 KV heads: too few tasks
+        // for the pool).  Prefill keeps the path below, which converts each KV
+        // head's rows once for 16 query rows and every head of the group.
+        const vec_dot_fn dot16 = kernels.dot[GGML_TYPE_F16];
+        pool.parallel_for(int64_t(n_head) * n_blocks, [&](int64_t task, int) {
+            const int h = int(task % n_head), g = h / group;
+            const int64_t r0 = (task / n_head) * kBlock, r1 = std::min(rows, r0 + kBlock);
+            thread_local std::vector<float> s;
+            const uint16_t* K = (const uint16_t*)k_cache + int64_t(g) * head_dim;
+            const uint16_t* V = (const uint16_t*)v_cache + int64_t(g) * head_dim;
+            const size_t stride = rb / 2;  // in f16 values
+            for (int64_t r = r0; r < r1; r++) {
+                const int nk = pos[r] + 1;
+                s.resize(size_t(nk));
+                const float* qh = q + r * q_ld + int64_t(h) * head_dim;
+                float* oh = out + r * out_ld + int64_t(h) * head_dim;
+                float mx = -INFINITY;
+                for (int j = 0; j < nk; j++) {
+                    s[size_t(j)] = dot16(head_dim, K + size_t(j) * stride, qh) * scale;
+                    mx = std::max(mx, s[size_t(j)]);
+                }
+                double sum = 0.0;
+                for (int j = 0; j < nk; j++) {
+                    s[size_t(j)] = std::exp(s[size_t(j)] - mx);
+                    sum += s[size_t(j)];
+                }
+                const float inv = float(1.0 / sum);
+                for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
+                for (int j = 0; j < nk; j++) axpy_f16(s[size_t(j)] * inv, V + size_t(j) * stride, oh, head_dim);
+            }
+        });
+        return;
+    }
     pool.parallel_for(int64_t(n_head_kv) * n_blocks, [&](int64_t task, int) {
         const int g = int(task % n_head_kv);
         const int64_t r0 = (task / n_head_kv) * kBlock, r1 = std::min(rows, r0 + kBlock);
