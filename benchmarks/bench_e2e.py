@@ -15,6 +15,9 @@ Measurements (minfer):
   ttft     : a 16-token prompt: eval + argmax, in a fresh session
   load     : open to first eval ready (mmap: no weight copies)
   rss_peak : the process's peak resident set (ru_maxrss)
+  loop %   : share of LLM.generate's decode time outside Session.eval (sampler, detokenizer, Python)
+llama.cpp: pp = `-p N -n 0`, tg = `-p 0 -n G -d N` (decode after an N-token context, like minfer's),
+TTFT = 16 / (pp of `-p 16`).
 """
 from __future__ import annotations
 
@@ -60,6 +63,15 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     int(s2.eval(prompt[:16], 0)[-1].argmax())
     ttft = time.perf_counter() - t0
 
+    # the Python decode loop's own cost: LLM.generate (sampler, detokenizer, stop strings) around the
+    # same evals, greedy, end-of-generation tokens masked so it runs its full length
+    from minfer import LLM
+    llm = LLM(path, threads=threads, n_ctx=128 + 16)
+    no_eog = {t: -1e9 for t in llm.tokenizer.special.eog}
+    out = llm.generate(prompt[:64].tolist(), max_tokens=64, temperature=0, logit_bias=no_eog)
+    loop_overhead = out.metrics.decode_overhead
+    llm.close()
+
     f = gguf.open(path)
     weights = sum(t.nbytes for t in f.tensors.values())
     emb = f.tensors["token_embd.weight"].nbytes
@@ -72,21 +84,21 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
                 prefill_tps=n_prompt / prefill, decode_tps=n_gen / decode, ttft_s=ttft,
                 rss_peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                 bytes_per_token=per_token + kv_bytes, weight_bytes_per_token=per_token,
-                path=path, graph_builds=sess.graph_builds)
+                path=path, graph_builds=sess.graph_builds, loop_overhead=loop_overhead)
 
 
 def run_llama_bench(binary: str, path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
-    out = subprocess.run([binary, "-m", path, "-t", str(threads), "-p", str(n_prompt), "-n", str(n_gen),
-                          "-r", "1", "-o", "json"], capture_output=True, text=True, check=True)
-    rows = json.loads(out.stdout)
-    res = {}
-    for r in rows:
-        if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0:
-            res["prefill_tps"] = r["avg_ts"]
-        if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0:
-            res["decode_tps"] = r["avg_ts"]
-    res["commit"] = rows[0].get("build_commit", "?")
-    return res
+    # prefill: an n_prompt-token prompt; decode: n_gen tokens after an n_prompt-token context
+    # (-d, as minfer's decode runs after its prompt), not from an empty cache
+    def bench(*args):
+        out = subprocess.run([binary, "-m", path, "-t", str(threads), *args, "-r", "1", "-o", "json"],
+                             capture_output=True, text=True, check=True)
+        return json.loads(out.stdout)
+    pp = bench("-p", str(n_prompt), "-n", "0")
+    tg = bench("-p", "0", "-n", str(n_gen), "-d", str(n_prompt))
+    p16 = bench("-p", "16", "-n", "0")  # time to first token ~ a 16-token prompt's eval
+    return dict(prefill_tps=pp[0]["avg_ts"], decode_tps=tg[0]["avg_ts"], ttft_s=16 / p16[0]["avg_ts"],
+                commit=pp[0].get("build_commit", "?"))
 
 
 def main():
@@ -117,29 +129,30 @@ def main():
         med = lambda key, rs: statistics.median(r[key] for r in rs)
         spread = lambda key, rs: (min(r[key] for r in rs), max(r[key] for r in rs))
         row = {"model": name, "runs": runs, "llama": lruns}
-        for k in ("prefill_tps", "decode_tps", "ttft_s", "load_s", "rss_peak_mb"):
+        for k in ("prefill_tps", "decode_tps", "ttft_s", "load_s", "rss_peak_mb", "loop_overhead"):
             row[k] = med(k, runs)
             row[k + "_spread"] = spread(k, runs)
         row["decode_gbps"] = row["decode_tps"] * runs[0]["bytes_per_token"] / 1e9
         if lruns:
-            for k in ("prefill_tps", "decode_tps"):
+            for k in ("prefill_tps", "decode_tps", "ttft_s"):
                 row["llama_" + k] = med(k, lruns)
                 row[k + "_ratio"] = row[k] / row["llama_" + k]
             row["llama_commit"] = lruns[0]["commit"]
         results.append(row)
     print(f"\nthreads={a.threads} prompt={a.prompt} gen={a.gen} reps={a.reps}")
-    hdr = "| model | prefill tok/s | decode tok/s | decode GB/s | TTFT (16) ms | load s | peak RSS MB |"
+    hdr = "| model | prefill tok/s | decode tok/s | decode GB/s | TTFT (16) ms | load s | peak RSS MB | loop % |"
     if llama:
-        hdr += " llama pp | llama tg | pp ratio | tg ratio |"
+        hdr += " llama pp | llama tg | llama TTFT ms | pp ratio | tg ratio |"
     print(hdr)
     print("|" + "---|" * (hdr.count("|") - 1))
     for r in results:
         line = (f"| {r['model']} | {r['prefill_tps']:.1f} ({r['prefill_tps_spread'][0]:.1f}-{r['prefill_tps_spread'][1]:.1f})"
                 f" | {r['decode_tps']:.1f} ({r['decode_tps_spread'][0]:.1f}-{r['decode_tps_spread'][1]:.1f})"
-                f" | {r['decode_gbps']:.1f} | {r['ttft_s'] * 1e3:.0f} | {r['load_s']:.2f} | {r['rss_peak_mb']:.0f} |")
+                f" | {r['decode_gbps']:.1f} | {r['ttft_s'] * 1e3:.0f} | {r['load_s']:.2f} | {r['rss_peak_mb']:.0f} |"
+                f" {r['loop_overhead'] * 100:.1f} |")
         if llama:
-            line += (f" {r['llama_prefill_tps']:.1f} | {r['llama_decode_tps']:.1f} | {r['prefill_tps_ratio']:.2f} |"
-                     f" {r['decode_tps_ratio']:.2f} |")
+            line += (f" {r['llama_prefill_tps']:.1f} | {r['llama_decode_tps']:.1f} | {r['llama_ttft_s'] * 1e3:.0f} |"
+                     f" {r['prefill_tps_ratio']:.2f} | {r['decode_tps_ratio']:.2f} |")
         print(line)
     json.dump(results, open(a.json, "w"), indent=1)
 

@@ -27,6 +27,8 @@ def test_greedy_generate_equals_the_engine_loop(tiny):
     m = out.metrics
     assert m.prompt_tokens == len(ids) and m.generated_tokens == len(expected)
     assert m.ttft_s > 0 and m.prefill_tps > 0 and m.stop_reason in ("length", "stop")
+    if m.generated_tokens > 1:
+        assert m.decode_tps > 0 and 0.0 <= m.decode_overhead < 1.0
 
 
 def test_stream_joins_to_generate(tiny):

@@ -43,6 +43,7 @@ class Metrics:
     prefill_tps: float = 0.0        # evaluated prompt tokens / prefill time
     decode_tps: float = 0.0         # generated tokens after the first / their time
     stop_reason: str = ""           # "stop" (end-of-generation token or stop string), "length", "cancelled", "context"
+    decode_overhead: float = 0.0    # share of the decode time spent outside the engine (sampling, detokenizing, Python)
 
 
 @dataclass
@@ -214,7 +215,7 @@ class _Generation:
                 self.sampler.accept(t)
             detok = tokenizer.Detokenizer(llm.tokenizer)
             text_sent, pending = 0, ""
-            pos, t_first = len(ids), None
+            pos, t_first, t_eval = len(ids), None, 0.0
             m.stop_reason = "length"
             while m.generated_tokens < self.max_tokens:
                 if llm._cancel.is_set():
@@ -247,7 +248,9 @@ class _Generation:
                 if pos >= sess.n_ctx:
                     m.stop_reason = "context"
                     break
+                t_e = time.perf_counter()
                 logits = sess.eval(np.array([tok], np.int32), pos)
+                t_eval += time.perf_counter() - t_e
                 llm._cached.append(tok)
                 pos += 1
             if m.stop_reason != "stop" or pending:
@@ -257,7 +260,9 @@ class _Generation:
                 if rest:
                     yield rest
             if t_first is not None and m.generated_tokens > 1:
-                m.decode_tps = (m.generated_tokens - 1) / max(time.perf_counter() - t_first, 1e-9)
+                t_decode = max(time.perf_counter() - t_first, 1e-9)
+                m.decode_tps = (m.generated_tokens - 1) / t_decode
+                m.decode_overhead = max(0.0, 1.0 - t_eval / t_decode)
             llm.last_metrics = m
             log.debug("generation: %s", m)
 
