@@ -63,6 +63,7 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     int(s2.eval(prompt[:16], 0)[-1].argmax())
     ttft = time.perf_counter() - t0
 
+    rss_peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the second model below
     # the Python decode loop's own cost: LLM.generate (sampler, detokenizer, stop strings) around the
     # same evals, greedy, end-of-generation tokens masked so it runs its full length
     from minfer import LLM
@@ -82,7 +83,7 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     kv_bytes = kv_per_pos * (n_prompt + n_gen / 2)  # mean context over the decode
     return dict(model=name, threads=threads, n_prompt=n_prompt, n_gen=n_gen, load_s=load,
                 prefill_tps=n_prompt / prefill, decode_tps=n_gen / decode, ttft_s=ttft,
-                rss_peak_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                rss_peak_mb=rss_peak_mb,
                 bytes_per_token=per_token + kv_bytes, weight_bytes_per_token=per_token,
                 path=path, graph_builds=sess.graph_builds, loop_overhead=loop_overhead)
 

@@ -12,6 +12,8 @@ SmolLM2 (Q4_1 weights, Q8_1 activations) has no self-variation record; llama.cpp
 itself is max 0.74 / mean 0.165 from an exact float64 forward on prompt b
 (measured with ../shared/tools/ref_forward.py in float64), so its bounds are
 twice as wide: max 2.0, mean 0.35, KL 6e-3, top-1 >= 0.9.
+Top-1 over the prompt: a rate >= the bound on prompts of 20+ tokens, and agreement at
+every position where llama.cpp's top-1/top-2 gap exceeds `margin`.
 Greedy: at every step where llama.cpp's top-1/top-2 gap exceeds `margin`
 (the logit noise between llama.cpp's own configurations: 0.5 Qwen, 1.0 SmolLM2)
 our argmax must be llama.cpp's token.
@@ -57,7 +59,14 @@ def test_against_llamacpp(name, prompt, record_property):
     pm = compare_topk(logits, fx["prompt_topk_ids"], fx["prompt_topk_logits"], fx["prompt_lse"])
     pm["last_full_kl"] = full_kl(fx["last_logits"], logits[-1])
     check(pm, bounds, f"{name}/{prompt} prompt")
-    assert pm["top1_agree"] >= bounds["top1"], pm
+    # top-1 over the prompt: the rate on prompts long enough for a rate to mean something, and
+    # agreement at every position llama.cpp does not call a near-tie (a 5-token prompt with one
+    # near-tie flipped would read as 0.8)
+    if len(ids) >= 20:
+        assert pm["top1_agree"] >= bounds["top1"], pm
+    p_gaps = fx["prompt_topk_logits"][:, 0] - fx["prompt_topk_logits"][:, 1]
+    p_clear = p_gaps > bounds["margin"]
+    assert np.array_equal(logits.argmax(1)[p_clear], fx["prompt_topk_ids"][p_clear, 0]), (name, prompt, p_gaps)
     assert pm["last_full_kl"] <= 2 * bounds["kl_mean"] + 5e-3, pm
 
     gen = fx["gen_ids"]
