@@ -34,12 +34,11 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         if (pos[r] < 0 || pos[r] >= kv.n_ctx)
             throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
     if (kv.type == GGML_TYPE_F16 && rows < 4) {
-        // Decode with the default f16 cache reads it in place: scores with the
-        // ISA's f16 x f32 dot, values with axpy_f16.  Without a conversion pass a
+        // Decode with the default f16 cache reads it in place: scores_f16 and
+        // axpy_f16 (kv_format).  Without a conversion pass a
         // task can be one query head (there are only 2-3 KV heads: too few tasks
         // for the pool).  Prefill keeps the path below, which converts each KV
         // head's rows once for 16 query rows and every head of the group.
-        const vec_dot_fn dot16 = kernels.dot[GGML_TYPE_F16];
         pool.parallel_for(int64_t(n_head) * n_blocks, [&](int64_t task, int) {
             const int h = int(task % n_head), g = h / group;
             const int64_t r0 = (task / n_head) * kBlock, r1 = std::min(rows, r0 + kBlock);
@@ -52,11 +51,9 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                 s.resize(size_t(nk));
                 const float* qh = q + r * q_ld + int64_t(h) * head_dim;
                 float* oh = out + r * out_ld + int64_t(h) * head_dim;
+                scores_f16(qh, K, stride, nk, head_dim, scale, s.data());
                 float mx = -INFINITY;
-                for (int j = 0; j < nk; j++) {
-                    s[size_t(j)] = dot16(head_dim, K + size_t(j) * stride, qh) * scale;
-                    mx = std::max(mx, s[size_t(j)]);
-                }
+                for (int j = 0; j < nk; j++) mx = std::max(mx, s[size_t(j)]);
                 double sum = 0.0;
                 for (int j = 0; j < nk; j++) {
                     s[size_t(j)] = std::exp(s[size_t(j)] - mx);
