@@ -10,8 +10,9 @@
    where S = sum of |term| over the products (a standard bound for two
    different orders of summing n_terms terms, each with a few roundings); for
    the lane-summed K-quants n_terms counts the 16-value sub-blocks.
-2. The 4-token kernels (the prefill GEMM's unit) equal 4 calls of the same
-   ISA's single-token kernel bit for bit: per token they do the same operations.
+2. The rows kernels (the GEMM's unit: one weight row x 1 or 4 tokens, with the
+   activation scales pre-converted) equal the same ISA's single-token kernel
+   bit for bit: per token they do the same operations.
 3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
@@ -67,28 +68,28 @@ def test_simd_matches_scalar(isa, t, rng):
 
 @pytest.mark.parametrize("isa", [i for i in all_isas() if i != "scalar"])
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
-def test_dot4_matches_dot(isa, t, rng):
+def test_rows_match_dot(isa, t, rng):
     require_isa(isa)
-    if not native.has_dot4(t, isa):
-        pytest.skip(f"{t.name} has no {isa} 4-token kernel (the GEMM calls the single-token one)")
+    if not native.has_dot_rows(t, isa):
+        pytest.skip(f"{t.name} has no {isa} rows kernel (the GEMM calls the single-token one)")
     for n in lengths_for(t):
         for trial in range(10):
             w = random_weight_row(rng, t, n)
             x = (rng.standard_normal((4, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
             a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(4)])
-            got = native.vec_dot4(t, w, a, isa)
             want = [vec_dot(t, w, a[k], isa) for k in range(4)]
-            assert got == want, f"{t.name} n={n}: {got} != {want}"
+            assert native.vec_dot_rows(t, w, a, isa) == want, f"{t.name} n={n}: 4 tokens"
+            assert native.vec_dot_rows(t, w, a[2], isa) == want[2:3], f"{t.name} n={n}: 1 token"
 
 
-def test_dot4_exists_where_the_real_models_need_it():
-    # the types of the three real models: without these the prefill GEMM silently loses its 4-token path
+def test_rows_kernels_exist_where_the_real_models_need_them():
+    # the types of the three real models: without these the GEMM silently loses its multi-token path
     isa = native.default_isa()
     if isa in ("avx2", "avx512"):
         for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
-            assert native.has_dot4(t, isa), t.name
+            assert native.has_dot_rows(t, isa), t.name
     else:
-        pytest.skip(f"4-token kernels are x86-only so far (this CPU runs {isa})")
+        pytest.skip(f"rows kernels are x86-only so far (this CPU runs {isa})")
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)

@@ -79,19 +79,26 @@ void bind_quant(py::module_& m) {
         return k.dot[type](n, wb.p, ab.p);
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
 
-    m.def("vec_dot4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // a: 4 activation rows, contiguous (rows of the byte array)
+    m.def("vec_dot_rows", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        // a: 1 or 4 activation rows, contiguous; the GEMM's unit kernel with its scale side array
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
-        int64_t n = values_in(type, wb.n, "vec_dot4 weights");
-        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot4 activations");
-        if (na != 4 * n) throw MinferError(strfmt("vec_dot4: weights hold %lld values, activations %lld (want 4x)", (long long)n, (long long)na));
+        int64_t n = values_in(type, wb.n, "vec_dot_rows weights");
+        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_rows activations");
+        if (na != n && na != 4 * n)
+            throw MinferError(strfmt("vec_dot_rows: weights hold %lld values, activations %lld (want 1x or 4x)", (long long)n, (long long)na));
+        const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
-        if (!k.dot4[type]) throw MinferError(strfmt("vec_dot4: no %s 4-token kernel for %s", isa_name(k.isa), type_traits(type).name));
-        std::vector<float> out(4);
-        k.dot4[type](n, wb.p, ab.p, ab.n / 4, out.data());
+        if (!k.rows[type]) throw MinferError(strfmt("vec_dot_rows: no %s rows kernel for %s", isa_name(k.isa), type_traits(type).name));
+        const uint32_t at = vec_dot_type(type);
+        const size_t rb = ab.n / size_t(n_tok);
+        const int64_t n_sc = act_scale_count(at, n);
+        std::vector<float> sc(size_t(n_sc * n_tok) + 1);
+        std::vector<float> out(static_cast<size_t>(n_tok));
+        for (int t = 0; t < n_tok; t++) act_scales(at, ab.p + size_t(t) * rb, n, sc.data() + t * n_sc);
+        k.rows[type](n, wb.p, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
-    m.def("has_dot4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).dot4[type] != nullptr; },
+    m.def("has_dot_rows", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).rows[type] != nullptr; },
           py::arg("type"), py::arg("isa") = py::none());
     m.def("default_isa", [] { return isa_name(default_isa()); });
     m.def("available_isas", [] {

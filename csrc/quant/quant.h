@@ -41,10 +41,17 @@ static inline int q3_K_scale(const uint8_t* s, int j) {
 // vec_dot_type(weight type).
 typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 
-// dot of one weight row with 4 activation rows (a, a + stride, a + 2 stride,
-// a + 3 stride, in bytes) into out[0..4): the prefill GEMM's unit, bit-identical
-// to 4 calls of the same ISA's vec_dot_fn.
-typedef void (*vec_dot4_fn)(int64_t n, const void* w, const void* a, size_t stride, float* out);
+// The GEMM's unit: one weight row against n_tok (1 or 4) activation rows
+// `stride` bytes apart, into out[0..n_tok).  `scales` holds what
+// act_scales() makes of each activation row (its f16 block scales in f32, so
+// they are converted once per matrix, not once per weight row), rows
+// `scales_stride` floats apart.  Bit-identical to the same ISA's vec_dot_fn.
+typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t stride, const float* scales,
+                                size_t scales_stride, int n_tok, float* out);
+// Floats act_scales writes per activation row of n values (0 where the format needs none).
+int64_t act_scale_count(uint32_t act_type, int64_t n);
+// Q8_0: d per block; Q8_1: d, s per block (f16 -> f32, exact).
+void act_scales(uint32_t act_type, const void* a, int64_t n, float* out);
 
 enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
 const char* isa_name(Isa isa);
@@ -52,7 +59,7 @@ const char* isa_name(Isa isa);
 struct DotKernels {
     Isa isa;
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
-    vec_dot4_fn dot4[GGML_TYPE_COUNT];  // nullptr where there is no 4-token form (use dot 4 times)
+    vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
 };
 
 // One ISA's kernels, in the order of the table below (weights x activations).

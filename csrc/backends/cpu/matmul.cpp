@@ -31,14 +31,15 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
 
     // Activations in each needed dot format, quantized once (f32 is used in place
     // when X is contiguous).
-    struct Act { uint32_t type; size_t row_bytes; std::vector<uint8_t> buf; const uint8_t* p; };
+    // f16 block scales come converted to f32 alongside (act_scales), for the rows kernels.
+    struct Act { uint32_t type; size_t row_bytes; std::vector<uint8_t> buf; const uint8_t* p; int64_t n_sc; std::vector<float> sc; };
     std::vector<Act> acts;
     std::vector<int> act_of((size_t)(n_jobs));
     for (int j = 0; j < n_jobs; j++) {
         uint32_t at = vec_dot_type(jobs[j].type);
         size_t k = 0;
         while (k < acts.size() && acts[k].type != at) k++;
-        if (k == acts.size()) acts.push_back({at, row_size(at, cols), {}, nullptr});
+        if (k == acts.size()) acts.push_back({at, row_size(at, cols), {}, nullptr, act_scale_count(at, cols), {}});
         act_of[size_t(j)] = int(k);
     }
     for (Act& a : acts) {
@@ -47,10 +48,16 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
             continue;
         }
         a.buf.resize(a.row_bytes * size_t(n_tok));
+        a.sc.resize(size_t(a.n_sc * n_tok));
         uint8_t* dst = a.buf.data();
+        float* sc = a.sc.data();
         const size_t rb = a.row_bytes;
         const uint32_t at = a.type;
-        auto quantize_one = [&](int64_t t, int) { quantize_row_act(at, x + t * x_ld, dst + size_t(t) * rb, cols); };
+        const int64_t n_sc = a.n_sc;
+        auto quantize_one = [&](int64_t t, int) {
+            quantize_row_act(at, x + t * x_ld, dst + size_t(t) * rb, cols);
+            if (n_sc) act_scales(at, dst + size_t(t) * rb, cols, sc + t * n_sc);
+        };
         if (n_tok > 1) pool.parallel_for(n_tok, quantize_one);
         else quantize_one(0, 0);
         a.p = a.buf.data();
@@ -74,19 +81,21 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const int64_t t1 = t0 + kTok < n_tok ? t0 + kTok : n_tok;
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
-        const vec_dot4_fn dot4 = kernels.dot4[job.type];
+        const vec_dot_rows_fn rows = kernels.rows[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
-        // four tokens per weight-row pass where the ISA has the 4-token kernel
-        for (; dot4 && t + 4 <= t1; t += 4) {
-            const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
-            float* yt = job.y + t * job.y_ld;
-            for (int64_t r = r0; r < r1; r++) {
-                float o[4];
-                dot4(cols, wb + size_t(r) * w_row, ap, a.row_bytes, o);
-                for (int k = 0; k < 4; k++) yt[k * job.y_ld + r] = o[k];
+        // four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel
+        for (int step = 4; rows && step >= 1; step -= 3)
+            for (; t + step <= t1; t += step) {
+                const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
+                const float* sp = a.sc.data() + t * a.n_sc;
+                float* yt = job.y + t * job.y_ld;
+                for (int64_t r = r0; r < r1; r++) {
+                    float o[4];
+                    rows(cols, wb + size_t(r) * w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
+                    for (int k = 0; k < step; k++) yt[k * job.y_ld + r] = o[k];
+                }
             }
-        }
         for (; t < t1; t++) {
             const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
             float* yt = job.y + t * job.y_ld;
