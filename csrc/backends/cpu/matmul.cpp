@@ -63,8 +63,19 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         a.p = a.buf.data();
     }
 
-    // Tiles: kRows weight rows x kTok tokens, numbered job by job.
-    constexpr int64_t kRows = 16, kTok = 16;
+    // Tiles: kRows weight rows x kTok tokens, numbered job by job.  Prefill keeps
+    // tiles small (16 x 16: the weight rows stay in L1 across the tokens).  A
+    // decode step streams each weight once: there long runs of rows per task
+    // help the memory system (measured +8 % decode on 1.5B at 2 threads with 128-256
+    // rows vs 16), while ~8 tasks per thread still balance the load.
+    constexpr int64_t kTok = 16;
+    int64_t kRows = 16;
+    if (n_tok <= 4) {
+        int64_t max_rows = 0;
+        for (int j = 0; j < n_jobs; j++) max_rows = jobs[j].rows > max_rows ? jobs[j].rows : max_rows;
+        kRows = max_rows / (8 * int64_t(pool.size())) / 16 * 16;
+        kRows = kRows < 16 ? 16 : kRows > 256 ? 256 : kRows;
+    }
     const int64_t tok_tiles = (n_tok + kTok - 1) / kTok;
     std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
     for (int j = 0; j < n_jobs; j++)
