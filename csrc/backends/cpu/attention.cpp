@@ -33,12 +33,13 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     for (int64_t r = 0; r < rows; r++)
         if (pos[r] < 0 || pos[r] >= kv.n_ctx)
             throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
-    if (kv.type == GGML_TYPE_F16 && rows < 4) {
-        // Decode with the default f16 cache reads it in place: scores_f16 and
-        // axpy_f16 (kv_format).  Without a conversion pass a
-        // task can be one query head (there are only 2-3 KV heads: too few tasks
-        // for the pool).  Prefill keeps the path below, which converts each KV
-        // head's rows once for 16 query rows and every head of the group.
+    if (kv.type == GGML_TYPE_F16) {
+        // The default f16 cache is read in place: scores_f16 and axpy_f16
+        // (kv_format).  Without a conversion pass a task can be one query head
+        // (decode has only 2-3 KV heads: too few tasks for the pool).  Prefill
+        // and decode run the very same arithmetic per (row, head), so a token's
+        // result does not depend on how the tokens were batched into evals
+        // (prefix reuse gives the answer a fresh prompt gives).
         pool.parallel_for(int64_t(n_head) * n_blocks, [&](int64_t task, int) {
             const int h = int(task % n_head), g = h / group;
             const int64_t r0 = (task / n_head) * kBlock, r1 = std::min(rows, r0 + kBlock);
