@@ -66,12 +66,14 @@ def test_simd_matches_scalar(isa, t, rng):
                 assert abs(got - ref) <= tol, f"{t.name} n={n}: |{got} - {ref}| > {tol}"
 
 
-@pytest.mark.parametrize("isa", [i for i in all_isas() if i != "scalar"])
-@pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
+ROWS_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]  # the real models' types
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])  # the rows kernels are x86-only so far
+@pytest.mark.parametrize("t", ROWS_TYPES, ids=lambda t: t.name)
 def test_rows_match_dot(isa, t, rng):
     require_isa(isa)
-    if not native.has_dot_rows(t, isa):
-        pytest.skip(f"{t.name} has no {isa} rows kernel (the GEMM calls the single-token one)")
+    assert native.has_dot_rows(t, isa), f"{t.name} lost its {isa} rows kernel"
     for n in lengths_for(t):
         for trial in range(10):
             w = random_weight_row(rng, t, n)
@@ -80,16 +82,6 @@ def test_rows_match_dot(isa, t, rng):
             want = [vec_dot(t, w, a[k], isa) for k in range(4)]
             assert native.vec_dot_rows(t, w, a, isa) == want, f"{t.name} n={n}: 4 tokens"
             assert native.vec_dot_rows(t, w, a[2], isa) == want[2:3], f"{t.name} n={n}: 1 token"
-
-
-def test_rows_kernels_exist_where_the_real_models_need_them():
-    # the types of the three real models: without these the GEMM silently loses its multi-token path
-    isa = native.default_isa()
-    if isa in ("avx2", "avx512"):
-        for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K):
-            assert native.has_dot_rows(t, isa), t.name
-    else:
-        pytest.skip(f"rows kernels are x86-only so far (this CPU runs {isa})")
 
 
 @pytest.mark.parametrize("t", WEIGHT_TYPES, ids=lambda t: t.name)
