@@ -9,6 +9,21 @@
 
 namespace minfer {
 
+namespace {
+// s[j] <- exp(s[j] - max s); returns 1 / sum (double-accumulated), the factor
+// the callers fold into their weighted sum of values.
+float softmax_unnormalized(float* s, int nk) {
+    float mx = -INFINITY;
+    for (int j = 0; j < nk; j++) mx = std::max(mx, s[j]);
+    double sum = 0.0;
+    for (int j = 0; j < nk; j++) {
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
+    }
+    return float(1.0 / sum);
+}
+}  // namespace
+
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
                   uint8_t* k_cache, uint8_t* v_cache, const KvLayout& kv) {
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
@@ -53,14 +68,7 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                 const float* qh = q + r * q_ld + int64_t(h) * head_dim;
                 float* oh = out + r * out_ld + int64_t(h) * head_dim;
                 scores_f16(qh, K, stride, nk, head_dim, scale, s.data());
-                float mx = -INFINITY;
-                for (int j = 0; j < nk; j++) mx = std::max(mx, s[size_t(j)]);
-                double sum = 0.0;
-                for (int j = 0; j < nk; j++) {
-                    s[size_t(j)] = std::exp(s[size_t(j)] - mx);
-                    sum += s[size_t(j)];
-                }
-                const float inv = float(1.0 / sum);
+                const float inv = softmax_unnormalized(s.data(), nk);
                 for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
                 for (int j = 0; j < nk; j++) axpy_f16(s[size_t(j)] * inv, V + size_t(j) * stride, oh, head_dim);
             }
@@ -86,17 +94,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
             for (int h = g * group; h < (g + 1) * group; h++) {
                 const float* qh = q + r * q_ld + int64_t(h) * head_dim;
                 float* oh = out + r * out_ld + int64_t(h) * head_dim;
-                float mx = -INFINITY;
-                for (int j = 0; j < nk; j++) {
-                    s[size_t(j)] = dot(head_dim, &K[size_t(j) * size_t(head_dim)], qh) * scale;
-                    mx = std::max(mx, s[size_t(j)]);
-                }
-                double sum = 0.0;
-                for (int j = 0; j < nk; j++) {
-                    s[size_t(j)] = std::exp(s[size_t(j)] - mx);
-                    sum += s[size_t(j)];
-                }
-                const float inv = float(1.0 / sum);
+                for (int j = 0; j < nk; j++) s[size_t(j)] = dot(head_dim, &K[size_t(j) * size_t(head_dim)], qh) * scale;
+                const float inv = softmax_unnormalized(s.data(), nk);
                 for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
                 for (int j = 0; j < nk; j++) {
                     const float p = s[size_t(j)] * inv;
