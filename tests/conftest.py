@@ -9,6 +9,9 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# Tests run on the CPU unless they ask for a device (tests/test_cuda.py does):
+# "auto" would move every CPU test onto a GPU where one is present.
+os.environ.setdefault("MINFER_DEVICE", "cpu")
 SHARED = Path(os.environ.get("MINFER_SHARED", REPO.parent / "shared"))
 
 
@@ -93,4 +96,32 @@ def synthetic_model(name: str) -> Path:
         tool = shared_path("tools", "make_synthetic.py")
         subprocess.run([sys.executable, str(tool), preset, "--type", qtype, "--out", str(out),
                         "--expect-sha256", expected[fname]], check=True, capture_output=True)
+    return out
+
+
+def require_cuda() -> None:
+    import minfer
+
+    info = minfer.cuda_info()
+    if not info["available"]:
+        pytest.skip(f"no CUDA device: {info['reason']}")
+
+
+def layout_model(name: str) -> Path:
+    """A full-size model with exactly the layout (types, shapes, metadata) of a real
+    one and random weights, made from its header in ../shared/fixtures/layouts by
+    ../shared/tools/make_synthetic_like.py (cached)."""
+    import subprocess
+    import sys
+
+    from minfer import hub
+
+    header = shared_path("fixtures", "layouts", f"{name}.header.gguf")
+    out = hub.cache_dir().parent / "layouts" / f"{name}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".partial")
+        subprocess.run([sys.executable, str(shared_path("tools", "make_synthetic_like.py")), str(header), str(tmp)],
+                       check=True, capture_output=True)
+        tmp.rename(out)
     return out

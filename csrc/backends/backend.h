@@ -45,6 +45,17 @@ class Backend {
     virtual void read_host(int id, size_t offset, float* dst, size_t n) = 0;
     virtual void write_host(int id, size_t offset, const float* src, size_t n) = 0;
     virtual void synchronize() = 0;
+
+    // Optional split capture (CUDA graphs).  The plan asks, per split and run:
+    // replay_split(key) launches a recorded copy and returns true; otherwise
+    // begin_capture(key) may start recording (true), the split's nodes are
+    // executed, and end_capture(key, ok) turns the recording into a replayable
+    // copy and launches it.  Keys are (plan id << 20 | split); forget_captures
+    // drops a plan's recordings when the plan goes.
+    virtual bool replay_split(uint64_t key) { return false; }
+    virtual bool begin_capture(uint64_t key) { return false; }
+    virtual void end_capture(uint64_t key, bool ok) {}
+    virtual void forget_captures(uint64_t plan_id) {}
 };
 
 // Ops whose kernels are correct when the output buffer is one of the inputs.

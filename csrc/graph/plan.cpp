@@ -1,6 +1,7 @@
 #include "graph/plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <set>
@@ -11,8 +12,12 @@
 
 namespace minfer {
 
+namespace {
+std::atomic<uint64_t> next_plan_id{1};
+}
+
 Plan::Plan(Graph graph, std::vector<BackendSlot> slots, KvCache& kv, bool keep_all)
-    : graph_(std::move(graph)), slots_(std::move(slots)), kv_(kv) {
+    : graph_(std::move(graph)), id_(next_plan_id++), slots_(std::move(slots)), kv_(kv) {
     assign_backends(graph_, slots_, graph_.params.assignment);
     if (graph_.params.fuse) fusions_ = fuse(graph_, slots_);
     find_splits();
@@ -20,6 +25,7 @@ Plan::Plan(Graph graph, std::vector<BackendSlot> slots, KvCache& kv, bool keep_a
 }
 
 Plan::~Plan() {
+    for (const BackendSlot& slot : slots_) slot.backend->forget_captures(id_);
     for (auto [b, id] : owned_) backend(b)->free_buffer(id);
 }
 
@@ -180,6 +186,22 @@ void Plan::execute(OpProfile* profile) {
             backend(pn.backend)->read_host(buf_[size_t(p)], 0, tmp.data(), tmp.size());
             be->write_host(staging_.at({int(s), p}), 0, tmp.data(), tmp.size());
         }
+        run_split(s, profile);
+        used.insert(sp.backend);
+        prev = sp.backend;
+    }
+    for (int b : used) backend(b)->synchronize();
+}
+
+// One split's nodes, or a replay of its captured launches where the backend
+// keeps them (profiling always runs node by node, synchronizing after each).
+void Plan::run_split(size_t s, OpProfile* profile) {
+    const Split& sp = splits_[s];
+    Backend* be = backend(sp.backend);
+    const uint64_t key = id_ << 20 | uint64_t(s);
+    if (!profile && be->replay_split(key)) return;
+    const bool capturing = !profile && be->begin_capture(key);
+    try {
         for (int i = sp.first; i <= sp.last; i++) {
             const Node& n = graph_.nodes[size_t(i)];
             if (n.backend != sp.backend)
@@ -195,10 +217,11 @@ void Plan::execute(OpProfile* profile) {
                 be->execute_node(n, args_[size_t(i)]);
             }
         }
-        used.insert(sp.backend);
-        prev = sp.backend;
+    } catch (...) {
+        if (capturing) be->end_capture(key, false);
+        throw;
     }
-    for (int b : used) backend(b)->synchronize();
+    if (capturing) be->end_capture(key, true);
 }
 
 std::string Plan::trace() const {

@@ -59,9 +59,11 @@ class Plan {
   private:
     Backend* backend(int i) const { return slots_[size_t(i)].backend; }
     void allocate(bool keep_all);
+    void run_split(size_t s, OpProfile* profile);
     void find_splits();
 
     Graph graph_;
+    uint64_t id_;                                 // unique per plan: the key of its captured splits
     std::vector<BackendSlot> slots_;
     KvCache& kv_;
     int fusions_ = 0;

@@ -143,7 +143,8 @@ void bind_engine(py::module_& m) {
 
     py::class_<Session>(m, "Session")
         .def(py::init([](std::shared_ptr<Model> model, int n_ctx, int threads, const std::string& kv_type,
-                         const std::string& isa, const std::string& assignment, bool fuse, bool keep_all) {
+                         const std::string& isa, const std::string& assignment, bool fuse, bool keep_all,
+                         const std::string& device) {
                  SessionOptions o;
                  o.n_ctx = n_ctx;
                  o.n_threads = threads;
@@ -152,10 +153,12 @@ void bind_engine(py::module_& m) {
                  o.assignment = assignment;
                  o.fuse = fuse;
                  o.keep_all = keep_all;
+                 o.device = device;
                  return std::make_unique<Session>(std::move(model), o);
              }),
              py::arg("model"), py::arg("n_ctx") = 0, py::arg("threads") = 0, py::arg("kv_type") = "f16",
-             py::arg("isa") = "", py::arg("assignment") = "", py::arg("fuse") = true, py::arg("keep_all") = false)
+             py::arg("isa") = "", py::arg("assignment") = "", py::arg("fuse") = true, py::arg("keep_all") = false,
+             py::arg("device") = "")
         .def("eval", [](Session& s, I32Array tokens, int start_pos, bool all_logits) {
             const int n = int(tokens.size());
             const int rows = all_logits ? std::max(n, 1) : 1;
@@ -175,6 +178,7 @@ void bind_engine(py::module_& m) {
         .def_property_readonly("threads", &Session::n_threads)
         .def_property_readonly("graph_builds", &Session::graph_builds)
         .def_property_readonly("backends", &Session::backend_names)
+        .def_property_readonly("device", &Session::device)
         .def("run_ops", [](Session& s, const std::string& backend, const py::list& inputs, const py::list& nodes,
                            bool poison) {
             // A small graph over this model's weights: the inputs become Data nodes

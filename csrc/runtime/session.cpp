@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_api.h"
 #include "backends/reference/reference_backend.h"
 #include "common/error.h"
 #include "backends/kv_format.h"
@@ -46,24 +47,56 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
     if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
         throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
     if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
-    // Refuse a KV cache that cannot fit now, not when the OOM killer notices.
     size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) *
                       kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
-    check_fits(kv_bytes,
-               strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer),
-               "ask for a smaller n_ctx, or kv_type='q8_0'");
+    const std::string kv_what =
+        strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer);
+
+    // Which device: CUDA when asked for (an error if it cannot be had) or when
+    // "auto" finds one and every weight type has CUDA kernels (the gate).
+    std::string dev = opts_.device;
+    if (dev.empty()) {
+        const char* e = std::getenv("MINFER_DEVICE");
+        dev = e && *e ? e : "auto";
+    }
+    if (dev != "auto" && dev != "cpu" && dev != "cuda")
+        throw MinferError(strfmt("device must be 'auto', 'cpu' or 'cuda', got '%s'", dev.c_str()));
+    bool use_cuda = false;
+    if (dev != "cpu") {
+        CudaDeviceInfo info = cuda_device_info();
+        std::vector<std::string> missing = info.available ? cuda_unsupported_weights(model_->weights())
+                                                          : std::vector<std::string>{};
+        if (dev == "cuda" && !info.available) throw MinferError("device='cuda': " + info.reason);
+        if (!missing.empty()) {
+            std::string list;
+            for (size_t i = 0; i < missing.size() && i < 4; i++) list += (i ? ", " : "") + missing[i];
+            if (dev == "cuda")
+                throw ModelError(strfmt("device='cuda': %zu weights have types without CUDA kernels: %s", missing.size(),
+                                        list.c_str()));
+            std::fprintf(stderr, "minfer: running on the CPU: %zu weights have types without CUDA kernels (%s)\n",
+                         missing.size(), list.c_str());
+        }
+        use_cuda = info.available && missing.empty();
+    }
+    device_ = use_cuda ? "cuda" : "cpu";
+    // Refuse a KV cache that cannot fit now, not when the OOM killer notices
+    // (on the GPU, the CUDA backend checks weights + KV against free device memory).
+    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");
     pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
     kv_.type = opts_.kv_type;
     kv_.n_ctx = opts_.n_ctx;
 
-    // Backends in priority order (Metal, CUDA when built, then CPU); the reference
-    // backend joins only for forced assignment patterns.
+    // Backends in priority order (Metal, CUDA when used, then CPU); the reference
+    // backend is always there for forced assignments ("only:reference", tests)
+    // and never chosen on its own.
+    if (use_cuda) {
+        backends_.push_back(make_cuda_backend(&model_->weights(), kv_bytes));
+        slots_.push_back({backends_.back().get(), true, true});
+    }
     backends_.push_back(std::make_unique<CpuBackend>(&model_->weights(), pool_, parse_isa(opts_.isa)));
     slots_.push_back({backends_.back().get(), true, true});
-    if (!opts_.assignment.empty()) {
-        backends_.push_back(std::make_unique<ReferenceBackend>(&model_->weights()));
-        slots_.push_back({backends_.back().get(), true, false});
-    }
+    backends_.push_back(std::make_unique<ReferenceBackend>(&model_->weights()));
+    slots_.push_back({backends_.back().get(), true, false});
     trace_ = env_on("MINFER_GRAPH_TRACE");
     profile_on_ = env_on("MINFER_OP_PROFILE");
 }

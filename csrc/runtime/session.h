@@ -37,7 +37,8 @@ struct SessionOptions {
     int n_threads = 0;           // 0: physical cores
     uint32_t kv_type = 1;        // F16; F32 and Q8_0 selectable
     std::string isa;             // "" = default_isa()
-    std::string assignment;      // "" or "alternate:K" (adds the reference backend)
+    std::string assignment;      // "", "alternate:K" (cpu/reference) or "only:NAME"
+    std::string device;          // "auto" (CUDA when present), "cpu" or "cuda"; "" = $MINFER_DEVICE or auto
     bool fuse = true;
     bool keep_all = false;       // debugging: keep every node's output readable
     static constexpr int kDefaultCtxCap = 4096;
@@ -64,6 +65,7 @@ class Session {
     int graph_builds() const { return graph_builds_; }
     const OpProfile& op_profile() const { return profile_; }
     std::vector<std::string> backend_names() const;
+    const std::string& device() const { return device_; }  // what "auto" resolved to, and why not CUDA
 
   private:
     std::shared_ptr<Model> model_;
@@ -74,6 +76,7 @@ class Session {
     KvCache kv_;
     std::list<std::pair<GraphParams, std::unique_ptr<Plan>>> plans_;  // most recent first
     int graph_builds_ = 0;
+    std::string device_;
     bool trace_ = false, profile_on_ = false;
     OpProfile profile_;
 };

@@ -60,14 +60,15 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "pr
 class LLM:
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "auto", kv_type: str = "f16"):
-        if backend not in ("auto", "cpu"):
-            raise ValueError(f"backend {backend!r} is not available in this build (auto, cpu)")
+        if backend not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)
         self.tokenizer = tokenizer.from_gguf(self._file)
         self._model = engine.Model(self.path)
-        self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type)
+        self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type,
+                                       device="" if backend == "auto" else backend)
         self._template = self._file.metadata.get("tokenizer.chat_template")
         self._n_vocab = self._model.config["n_vocab"]
         self._cached: list[int] = []    # tokens whose K/V sit in the cache at positions 0..len-1

@@ -1,0 +1,122 @@
+"""CUDA end-to-end speed on the layouts of real models (issue 6).
+
+    MINFER_SHARED=... python benchmarks/bench_cuda.py [--models 0.5b,1.5b,7b] [--json out.json]
+
+Models: full-size files with the exact layouts of qwen2.5-coder-0.5b / -1.5b and
+a 7B qwen2 (Q4_K_M mixes) and random weights, made from the headers in
+../shared/fixtures/layouts (tests/conftest.layout_model).  llama.cpp's numbers
+for the same layouts on this GPU type are in ../shared/anchors.md (llama-bench
+-ngl 99 -fa 1, CUDA graphs on); the ratios below are against those.
+
+Measured (medians of --reps, after a warm-up of the same shape):
+  pp N     prefill of an N-token prompt: one Session.eval
+  tg @D    128 single-token decode steps after a D-token context, through the
+           Python loop a user runs (eval, read the logits, argmax on the host)
+  GB/s     (weight bytes a decode step reads + KV bytes it reads) x tokens/s,
+           against the device-to-device copy rate measured first
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+LAYOUTS = {
+    "0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m",
+    "7b": "deepseek-r1-distill-qwen-7b-q4_k_m",
+}
+# llama.cpp b10573 on one H200 (../shared/anchors.md): pp512, pp2048, tg128, tg128 at depth 4096
+LLAMA = {"0.5b": (40.8e3, 43.4e3, 840, 787), "1.5b": (26.4e3, 28.1e3, 533, 503), "7b": (9.8e3, 10.0e3, 263, 250)}
+
+
+def decode_bytes(model, path: str, depth: int) -> float:
+    """Bytes one decode step reads: every weight but the embedding (one row of it
+    is gathered; all of it when it is also the output matrix), plus the f16 KV
+    cache up to `depth`."""
+    import minfer
+
+    c = model.config
+    emb = minfer.gguf.open(path).tensors["token_embd.weight"].data.nbytes
+    tied = c["output_weight"] == "token_embd.weight"
+    weights = model.weight_bytes - (0 if tied else emb) + emb / c["n_vocab"]
+    return weights + 2 * c["n_layer"] * depth * c["n_head_kv"] * c["head_dim"] * 2
+
+
+def bench(name: str, reps: int, out: dict) -> None:
+    import minfer._minfer as M
+    from conftest import layout_model
+
+    path = layout_model(LAYOUTS[name])
+    t0 = time.perf_counter()
+    model = M.Model(str(path))
+    s = M.Session(model, n_ctx=4096 + 256, device="cuda")
+    load = time.perf_counter() - t0
+    rng = np.random.default_rng(0)
+    V = model.config["n_vocab"]
+    r = {"load_s": load, "weight_bytes": model.weight_bytes}
+    for n in (512, 2048):
+        prompt = rng.integers(0, V, n).astype(np.int32)
+        s.eval(prompt, 0)  # warm-up: plan, scratch, first launches
+        ts = []
+        for _ in range(reps):
+            t = time.perf_counter()
+            s.eval(prompt, 0)
+            ts.append(time.perf_counter() - t)
+        r[f"pp{n}"] = n / statistics.median(ts)
+    for depth in (512, 4096):
+        prompt = rng.integers(0, V, depth).astype(np.int32)
+        ts = []
+        for rep in range(reps + 1):
+            s.eval(prompt, 0)
+            tok, pos = 1, depth
+            t = time.perf_counter()
+            for _ in range(128):
+                logits = s.eval(np.array([tok], np.int32), pos)
+                tok = int(np.argmax(logits[-1]))
+                pos += 1
+            if rep:  # the first round captures the decode graph
+                ts.append(time.perf_counter() - t)
+        tps = 128 / statistics.median(ts)
+        r[f"tg@{depth}"] = tps
+        r[f"gbps@{depth}"] = decode_bytes(model, str(path), depth + 64) * tps / 1e9
+    out[name] = r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="0.5b,1.5b,7b")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    import minfer._minfer as M
+
+    info = M.cuda_info()
+    if not info["available"]:
+        sys.exit(f"no CUDA device: {info['reason']}")
+    copy = M.cuda_copy_bandwidth(1 << 31, 20)
+    out = {"device": info["name"], "copy_gbps": copy / 1e9}
+    for name in a.models.split(","):
+        bench(name, a.reps, out)
+    print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
+    print(f"{'layout':6} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
+          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6}")
+    for name in a.models.split(","):
+        r, l = out[name], LLAMA[name]
+        print(f"{name:6} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
+              f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
+              f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "
+              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f}")
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+// What the rest of minfer sees of the CUDA backend: whether a device is there,
+// and a factory.  Plain C++ (no CUDA headers), so the session and the bindings
+// compile the same with or without the CUDA toolkit; builds without it link
+// cuda_stub.cpp, which reports why there is no device.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "runtime/weights.h"
+
+namespace minfer {
+
+struct CudaDeviceInfo {
+    bool built = false;       // the extension was compiled with the CUDA backend
+    bool available = false;   // ... and a usable device is present
+    std::string reason;       // why not, when !available
+    std::string name;         // e.g. "NVIDIA H200"
+    int cc_major = 0, cc_minor = 0, sm_count = 0;
+    size_t total_bytes = 0, free_bytes = 0;
+};
+CudaDeviceInfo cuda_device_info();
+
+// Weights whose type the CUDA kernels cannot read (the all-weights-registered
+// gate: the backend participates only when this is empty).
+std::vector<std::string> cuda_unsupported_weights(const WeightStore& weights);
+
+// Uploads every weight (pinned staging, one device arena) and returns the
+// backend.  Throws OutOfMemoryError when weights + `reserve_bytes` do not fit.
+std::unique_ptr<Backend> make_cuda_backend(const WeightStore* weights, size_t reserve_bytes);
+
+// Kernel-level entry points for tests and benchmarks (their own allocations;
+// synchronous).  y [rows, N] = x [rows, K] W^T through the path the backend
+// takes for that many rows (matvec up to 8, else the tensor-core GEMM); with
+// iters > 0 the call is then timed that many times with device events.
+std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, int64_t N, int64_t K, const float* x,
+                               int rows, int iters, double* seconds_per_call);
+// The device-to-device copy rate (bytes read + bytes written per second) over `bytes`.
+double cuda_copy_bandwidth(size_t bytes, int iters);
+
+}  // namespace minfer

@@ -1,0 +1,594 @@
+// The CUDA backend: the Backend contract over one device and one stream.
+//
+// * Weights are uploaded once, at construction, into one device arena through
+//   pinned staging (two buffers, so the copy of one chunk overlaps the memcpy
+//   of the next), and registered by name.
+// * Buffers and KV regions are plain cudaMalloc allocations (never managed).
+// * execute_node only enqueues; synchronize waits with a bound
+//   (MINFER_GPU_TIMEOUT_S, default 10 s), and a timeout or a CUDA error is an
+//   exception naming the last kernels enqueued, after which the backend refuses
+//   work.  Input errors found on the device (token id, position) are flagged in
+//   host-mapped memory and raised at the next synchronize.
+// * Splits are captured as CUDA graphs on their second run and replayed after
+//   that (MINFER_CUDA_GRAPHS=0 turns this off): the decode step becomes one
+//   graph launch per token.  Scratch that would grow frees every recording.
+// * MINFER_CUDA_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_api.h"
+#include "backends/cuda/kernels.h"
+#include "quant/types.h"
+
+namespace minfer {
+
+namespace {
+
+using namespace cuda;
+
+void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess) throw MinferError(strfmt("CUDA: %s failed: %s", what, cudaGetErrorString(e)));
+}
+
+std::string gib(size_t b) { return strfmt("%.2f GiB", double(b) / double(1ull << 30)); }
+
+struct DevWeight {
+    const uint8_t* p = nullptr;
+    uint32_t type = 0;
+    int64_t rows = 0, cols = 0;
+};
+
+class CudaBackend : public Backend {
+  public:
+    CudaBackend(const WeightStore* weights, size_t reserve_bytes);
+    ~CudaBackend() override;
+    const char* name() const override { return "cuda"; }
+    bool supports_op(const Node& node) const override;
+    bool supports_fused(Op fused) const override { return fused == Op::SwiGLU; }
+    bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
+
+    int alloc_buffer(size_t n_floats) override;
+    void free_buffer(int id) override;
+    int alloc_fresh(size_t n_floats) override;
+    int alloc_kv(size_t bytes) override;
+    size_t buffer_size(int id) const override { return bufs_.at(size_t(id)).bytes / 4; }
+
+    void execute_node(const Node& node, const ExecArgs& args) override;
+    void read_host(int id, size_t offset, float* dst, size_t n) override;
+    void write_host(int id, size_t offset, const float* src, size_t n) override;
+    void synchronize() override;
+
+    bool replay_split(uint64_t key) override;
+    bool begin_capture(uint64_t key) override;
+    void end_capture(uint64_t key, bool ok) override;
+    void forget_captures(uint64_t plan_id) override;
+
+  private:
+    struct Buf {
+        void* p = nullptr;
+        size_t bytes = 0;
+        bool free = false;
+    };
+    const DevWeight& weight(const std::string& name) const;
+    float* at(const BufRef& b) { return (float*)bufs_.at(size_t(b.id)).p + b.offset; }
+    void* raw(int id) { return bufs_.at(size_t(id)).p; }
+    void* device_alloc(size_t bytes, const char* what);
+    template <class T> T* scratch(std::vector<T*>& slot, size_t& have, size_t need);
+    void matmul(const Node& node, const ExecArgs& a);
+    void wait(cudaEvent_t ev, const char* what);
+    void usable() const;
+    [[noreturn]] void fail(const std::string& what);
+    std::string recent() const;
+
+    std::map<std::string, DevWeight> weights_;
+    uint8_t* arena_ = nullptr;
+    std::vector<Buf> bufs_;
+    cudaStream_t stream_ = nullptr;
+    cudaEvent_t done_ = nullptr;
+    uint32_t* err_host_ = nullptr;  // host-mapped: kernels flag input errors here
+    uint32_t* err_dev_ = nullptr;
+    float* staging_ = nullptr;      // pinned, for bounded reads
+    size_t staging_floats_ = 0;
+    std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
+    std::vector<float*> ascratch_;
+    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0;
+    std::map<uint64_t, cudaGraphExec_t> graphs_;
+    std::set<uint64_t> seen_;
+    bool graphs_on_ = true, capturing_ = false, failed_ = false;
+    std::string failure_;
+    double timeout_s_ = 10.0;
+    std::set<Op> cpu_ops_;
+    std::vector<std::string> recent_;  // ring of the last node names enqueued
+    size_t recent_at_ = 0;
+};
+
+CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
+    if (const char* t = std::getenv("MINFER_GPU_TIMEOUT_S")) {
+        timeout_s_ = std::atof(t);
+        if (!(timeout_s_ > 0)) throw MinferError(strfmt("MINFER_GPU_TIMEOUT_S must be a positive number of seconds, got '%s'", t));
+    }
+    if (const char* g = std::getenv("MINFER_CUDA_GRAPHS")) graphs_on_ = std::strcmp(g, "0") != 0;
+    if (const char* ops = std::getenv("MINFER_CUDA_CPU_OPS")) {
+        std::stringstream ss(ops);
+        std::string tok;
+        while (std::getline(ss, tok, ',')) {
+            if (tok.empty()) continue;
+            bool found = false;
+            for (size_t i = 0; i < size_t(Op::Count); i++)
+                if (tok == op_name(Op(i))) {
+                    cpu_ops_.insert(Op(i));
+                    found = true;
+                }
+            if (!found) throw MinferError(strfmt("MINFER_CUDA_CPU_OPS: unknown op '%s'", tok.c_str()));
+        }
+    }
+    recent_.resize(8);
+    check(cudaSetDevice(0), "selecting device 0");
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
+    check(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming), "creating an event");
+    check(cudaHostAlloc((void**)&err_host_, sizeof(uint32_t), cudaHostAllocMapped), "allocating the error word");
+    *err_host_ = 0;
+    check(cudaHostGetDevicePointer((void**)&err_dev_, err_host_, 0), "mapping the error word");
+
+    // Weights: one arena, each tensor 256-byte aligned.
+    size_t total = 0;
+    for (auto& [name, w] : weights->all()) total += (w.nbytes + 255) / 256 * 256;
+    size_t free_b = 0, total_b = 0;
+    check(cudaMemGetInfo(&free_b, &total_b), "querying device memory");
+    if (total + reserve_bytes > free_b)
+        throw OutOfMemoryError(strfmt("the model's weights (%s) and KV cache (%s) do not fit in the GPU's free memory "
+                                      "(%s of %s); use a smaller n_ctx or device='cpu'",
+                                      gib(total).c_str(), gib(reserve_bytes).c_str(), gib(free_b).c_str(),
+                                      gib(total_b).c_str()));
+    arena_ = (uint8_t*)device_alloc(std::max<size_t>(total, 256), "the weight arena");
+    constexpr size_t kChunk = 64ull << 20;
+    uint8_t* pinned[2] = {nullptr, nullptr};
+    cudaEvent_t copied[2];
+    for (int i = 0; i < 2; i++) {
+        check(cudaHostAlloc((void**)&pinned[i], kChunk, cudaHostAllocDefault), "allocating pinned staging");
+        check(cudaEventCreateWithFlags(&copied[i], cudaEventDisableTiming), "creating an event");
+        check(cudaEventRecord(copied[i], stream_), "recording an event");
+    }
+    size_t off = 0;
+    int which = 0;
+    try {
+        for (auto& [name, w] : weights->all()) {
+            if (!type_supported(w.type)) continue;  // not registered: the gate keeps the backend out
+            for (size_t done = 0; done < w.nbytes; done += kChunk) {
+                const size_t n = std::min(kChunk, w.nbytes - done);
+                wait(copied[which], "uploading weights");  // this staging buffer's last copy is done
+                std::memcpy(pinned[which], w.data + done, n);
+                check(cudaMemcpyAsync(arena_ + off + done, pinned[which], n, cudaMemcpyHostToDevice, stream_),
+                      "uploading a weight");
+                check(cudaEventRecord(copied[which], stream_), "recording an event");
+                which ^= 1;
+            }
+            weights_[name] = DevWeight{arena_ + off, w.type, w.rows(), w.cols()};
+            off += (w.nbytes + 255) / 256 * 256;
+        }
+        synchronize();
+    } catch (...) {
+        for (int i = 0; i < 2; i++) cudaFreeHost(pinned[i]), cudaEventDestroy(copied[i]);
+        throw;
+    }
+    for (int i = 0; i < 2; i++) cudaFreeHost(pinned[i]), cudaEventDestroy(copied[i]);
+}
+
+CudaBackend::~CudaBackend() {
+    // Nothing of ours may still run on memory freed below; the wait is bounded
+    // like every other (a hung device leaks its memory rather than hang exit).
+    const auto t0 = std::chrono::steady_clock::now();
+    while (cudaStreamQuery(stream_) == cudaErrorNotReady &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < timeout_s_)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    if (cudaStreamQuery(stream_) == cudaErrorNotReady) return;
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+    for (Buf& b : bufs_) cudaFree(b.p);
+    for (auto* p : wscratch_) cudaFree(p);
+    for (auto* p : xscratch_) cudaFree(p);
+    for (auto* p : ascratch_) cudaFree(p);
+    cudaFree(arena_);
+    cudaFreeHost(err_host_);
+    cudaFreeHost(staging_);
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(stream_);
+}
+
+void* CudaBackend::device_alloc(size_t bytes, const char* what) {
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        size_t f = 0, t = 0;
+        cudaMemGetInfo(&f, &t);
+        throw OutOfMemoryError(strfmt("CUDA: %s (%s) does not fit in the GPU's free memory (%s of %s)", what,
+                                      gib(bytes).c_str(), gib(f).c_str(), gib(t).c_str()));
+    }
+    check(e, what);
+    return p;
+}
+
+const DevWeight& CudaBackend::weight(const std::string& name) const {
+    auto it = weights_.find(name);
+    if (it == weights_.end()) throw MinferError(strfmt("CUDA: weight '%s' is not registered on the device", name.c_str()));
+    return it->second;
+}
+
+bool CudaBackend::supports_op(const Node& node) const {
+    if (cpu_ops_.count(node.op)) return false;
+    auto f32_weight = [&](const std::string& w) {
+        auto it = weights_.find(w);
+        return it != weights_.end() && it->second.type == GGML_TYPE_F32;
+    };
+    switch (node.op) {
+        case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+            return true;
+        case Op::RmsNorm: case Op::QkNorm:
+            return f32_weight(node.meta.weight);
+        case Op::MatMul:
+            return has_weight(node.meta.weight) && (node.meta.bias.empty() || f32_weight(node.meta.bias));
+        case Op::GetRows:
+            return has_weight(node.meta.weight);
+        case Op::KvStore: case Op::Attn:
+            return (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
+                    node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
+        default:
+            return false;
+    }
+}
+
+// ---- buffers -------------------------------------------------------------------
+
+int CudaBackend::alloc_buffer(size_t n) {
+    for (size_t i = 0; i < bufs_.size(); i++)
+        if (bufs_[i].free && bufs_[i].bytes == n * 4) {
+            bufs_[i].free = false;
+            return int(i);
+        }
+    return alloc_fresh(n);
+}
+
+void CudaBackend::free_buffer(int id) { bufs_.at(size_t(id)).free = true; }
+
+int CudaBackend::alloc_fresh(size_t n) {
+    bufs_.push_back({device_alloc(std::max<size_t>(n, 1) * 4, "an activation buffer"), n * 4, false});
+    return int(bufs_.size()) - 1;
+}
+
+int CudaBackend::alloc_kv(size_t bytes) {
+    const size_t padded = (bytes + 3) / 4 * 4;
+    void* p = device_alloc(std::max<size_t>(padded, 4), "a KV cache region");
+    check(cudaMemsetAsync(p, 0, padded, stream_), "clearing the KV cache");
+    bufs_.push_back({p, padded, false});
+    return int(bufs_.size()) - 1;
+}
+
+// A scratch area that only grows.  Growing frees the old one after a full
+// wait, and with it every recorded graph (they point at the old area).
+template <class T>
+T* CudaBackend::scratch(std::vector<T*>& slot, size_t& have, size_t need) {
+    if (need <= have && !slot.empty()) return slot.back();
+    if (capturing_) throw MinferError("CUDA: scratch would grow during a graph capture (a plan changed shape)");
+    synchronize();
+    for (auto& [k, g] : graphs_) cudaGraphExecDestroy(g);
+    graphs_.clear();
+    seen_.clear();
+    for (T* p : slot) cudaFree(p);
+    slot.clear();
+    slot.push_back((T*)device_alloc(need * sizeof(T), "GPU scratch"));
+    have = need;
+    return slot.back();
+}
+
+// ---- execution -------------------------------------------------------------------
+
+void CudaBackend::usable() const {
+    if (failed_) throw MinferError("CUDA backend is unusable after an earlier failure: " + failure_);
+}
+
+std::string CudaBackend::recent() const {
+    std::string out;
+    for (size_t i = 0; i < recent_.size(); i++) {
+        const std::string& n = recent_[(recent_at_ + i) % recent_.size()];
+        if (!n.empty()) out += (out.empty() ? "" : ", ") + n;
+    }
+    return out.empty() ? "(none)" : out;
+}
+
+void CudaBackend::fail(const std::string& what) {
+    failed_ = true;
+    failure_ = what + "; last kernels enqueued: " + recent();
+    throw MinferError("CUDA: " + failure_);
+}
+
+void CudaBackend::wait(cudaEvent_t ev, const char* what) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+        cudaError_t e = cudaEventQuery(ev);
+        if (e == cudaSuccess) return;
+        if (e != cudaErrorNotReady) fail(strfmt("%s: %s", what, cudaGetErrorString(e)));
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s > timeout_s_)
+            fail(strfmt("%s: the GPU did not finish within %.1f s (MINFER_GPU_TIMEOUT_S)", what, timeout_s_));
+        if (s > 2e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin first: decode steps are short
+        else std::this_thread::yield();
+    }
+}
+
+void CudaBackend::synchronize() {
+    usable();
+    check(cudaEventRecord(done_, stream_), "recording an event");
+    wait(done_, "synchronize");
+    const uint32_t e = *(volatile uint32_t*)err_host_;
+    if (e) {
+        *err_host_ = 0;
+        throw MinferError(strfmt("CUDA: invalid input found on the device:%s%s",
+                                 e & kBadTokenId ? " a token id is out of range of the embedding" : "",
+                                 e & kBadPosition ? " a position is outside the KV cache" : ""));
+    }
+}
+
+void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
+    usable();
+    if (n > staging_floats_) {
+        if (staging_) cudaFreeHost(staging_);
+        staging_ = nullptr;
+        staging_floats_ = 0;
+        check(cudaHostAlloc((void**)&staging_, n * 4, cudaHostAllocDefault), "allocating pinned staging");
+        staging_floats_ = n;
+    }
+    check(cudaMemcpyAsync(staging_, (float*)raw(id) + offset, n * 4, cudaMemcpyDeviceToHost, stream_), "reading a buffer");
+    synchronize();
+    std::memcpy(dst, staging_, n * 4);
+}
+
+void CudaBackend::write_host(int id, size_t offset, const float* src, size_t n) {
+    usable();
+    // Pageable source: CUDA stages it before returning, so `src` may be reused at once.
+    check(cudaMemcpyAsync((float*)raw(id) + offset, src, n * 4, cudaMemcpyHostToDevice, stream_), "writing a buffer");
+}
+
+void CudaBackend::matmul(const Node& node, const ExecArgs& a) {
+    const NodeMeta& m = node.meta;
+    const DevWeight& w = weight(m.weight);
+    const int64_t K = w.cols, N = node.cols;
+    if (N > w.rows) throw MinferError(strfmt("CUDA matmul '%s': %lld outputs from a weight of %lld rows", node.name.c_str(),
+                                             (long long)N, (long long)w.rows));
+    const float* bias = m.bias.empty() ? nullptr : (const float*)weight(m.bias).p;
+    const float* x = at(a.in[0]);
+    float* y = at(a.out);
+    const int rows = node.rows;
+    if (rows <= kMatvecMaxRows || K % 32) {  // decode, or widths the tensor-core tiles cannot take
+        for (int r = 0; r < rows; r += kMatvecMaxRows)
+            cuda::matvec(w.type, w.p, N, K, x + int64_t(r) * a.in[0].ld, a.in[0].ld, std::min(kMatvecMaxRows, rows - r),
+                         y + int64_t(r) * a.out.ld, a.out.ld, bias, stream_);
+        return;
+    }
+    __half* wh = scratch(wscratch_, wscratch_n_, size_t(N * K));
+    __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
+    cuda::dequantize_f16(w.type, w.p, N, K, wh, stream_);
+    cuda::convert_f16(x, a.in[0].ld, rows, K, xh, stream_);
+    cuda::gemm_f16(xh, wh, rows, N, K, y, a.out.ld, bias, stream_);
+}
+
+void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
+    usable();
+    recent_[recent_at_] = node.name;
+    recent_at_ = (recent_at_ + 1) % recent_.size();
+    const NodeMeta& m = node.meta;
+    const int rows = node.rows, cols = node.cols;
+    auto ld = [&](size_t i) { return a.in[i].ld; };
+    switch (node.op) {
+        case Op::Input:
+            return;
+        case Op::GetRows: {
+            const DevWeight& w = weight(m.weight);
+            return cuda::get_rows(w.type, w.p, w.rows, w.cols, (const int32_t*)at(a.in[0]), rows, at(a.out), a.out.ld,
+                                  err_dev_, stream_);
+        }
+        case Op::TailRow:
+            return cuda::copy_rows(at(a.in[0]) + int64_t(m.src_row) * ld(0), ld(0), at(a.out), a.out.ld, 1, cols, stream_);
+        case Op::RmsNorm: case Op::QkNorm:
+            return cuda::rmsnorm(at(a.in[0]), ld(0), at(a.out), a.out.ld, rows, cols,
+                                 node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps,
+                                 stream_);
+        case Op::MatMul:
+            return matmul(node, a);
+        case Op::Rope:
+            return cuda::rope(at(a.in[0]), ld(0), at(a.out), a.out.ld, (const int32_t*)at(a.in[1]), rows, cols,
+                              m.head_dim, m.rope_dim, m.rope_base, m.rope_neox, stream_);
+        case Op::KvStore:
+            return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
+                                  m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
+        case Op::Attn: {
+            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
+            const size_t need = attention_scratch_floats(s);
+            float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
+            return cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v),
+                                   at(a.out), a.out.ld, sc, err_dev_, stream_);
+        }
+        case Op::Add: case Op::Mul: case Op::SwiGLU:
+            return cuda::elementwise(node.op == Op::Add ? Ew::Add : node.op == Op::Mul ? Ew::Mul : Ew::SwiGLU,
+                                     at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, cols, stream_);
+        case Op::Silu:
+            return cuda::elementwise(Ew::Silu, at(a.in[0]), ld(0), nullptr, 0, at(a.out), a.out.ld, rows, cols, stream_);
+        default:
+            throw MinferError(strfmt("CUDA backend cannot execute node '%s' (op %s)", node.name.c_str(), op_name(node.op)));
+    }
+}
+
+// ---- graph capture ------------------------------------------------------------
+
+bool CudaBackend::replay_split(uint64_t key) {
+    usable();
+    auto it = graphs_.find(key);
+    if (it == graphs_.end()) return false;
+    recent_[recent_at_] = strfmt("graph replay of split %llu", (unsigned long long)(key & 0xfffff));
+    recent_at_ = (recent_at_ + 1) % recent_.size();
+    check(cudaGraphLaunch(it->second, stream_), "launching a recorded graph");
+    return true;
+}
+
+bool CudaBackend::begin_capture(uint64_t key) {
+    usable();
+    if (!graphs_on_) return false;
+    if (seen_.insert(key).second) return false;  // first run: plain launches (scratch sizes settle)
+    check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");
+    capturing_ = true;
+    return true;
+}
+
+void CudaBackend::end_capture(uint64_t key, bool ok) {
+    capturing_ = false;
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_, &g);
+    if (!ok) {
+        if (g) cudaGraphDestroy(g);
+        cudaGetLastError();
+        return;
+    }
+    check(e, "ending a graph capture");
+    cudaGraphExec_t exec = nullptr;
+    e = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    check(e, "instantiating a graph");
+    graphs_[key] = exec;
+    check(cudaGraphLaunch(exec, stream_), "launching a recorded graph");
+}
+
+void CudaBackend::forget_captures(uint64_t plan_id) {
+    for (auto it = graphs_.begin(); it != graphs_.end();) {
+        if (it->first >> 20 == plan_id) {
+            cudaGraphExecDestroy(it->second);
+            it = graphs_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    for (auto it = seen_.begin(); it != seen_.end();) it = (*it >> 20 == plan_id) ? seen_.erase(it) : std::next(it);
+}
+
+}  // namespace
+
+CudaDeviceInfo cuda_device_info() {
+    CudaDeviceInfo info;
+    info.built = true;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        info.reason = e != cudaSuccess ? strfmt("no usable CUDA device (no NVIDIA GPU or driver?): %s", cudaGetErrorString(e))
+                                       : std::string("no CUDA device found");
+        return info;
+    }
+    cudaDeviceProp p{};
+    if ((e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess) {
+        info.reason = strfmt("cannot query CUDA device 0: %s", cudaGetErrorString(e));
+        return info;
+    }
+    info.name = p.name;
+    info.cc_major = p.major;
+    info.cc_minor = p.minor;
+    info.sm_count = p.multiProcessorCount;
+    if (p.major < 7) {  // the tensor-core tiles need sm_70+
+        info.reason = strfmt("%s has compute capability %d.%d; minfer's CUDA kernels need 7.0 or newer", p.name, p.major,
+                             p.minor);
+        return info;
+    }
+    cudaSetDevice(0);
+    if ((e = cudaMemGetInfo(&info.free_bytes, &info.total_bytes)) != cudaSuccess) {
+        info.reason = strfmt("cannot initialize CUDA device 0: %s", cudaGetErrorString(e));
+        return info;
+    }
+    info.available = true;
+    return info;
+}
+
+std::vector<std::string> cuda_unsupported_weights(const WeightStore& weights) {
+    std::vector<std::string> out;
+    for (auto& [name, w] : weights.all())
+        if (!type_supported(w.type)) out.push_back(name + " (" + type_traits(w.type).name + ")");
+    return out;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(const WeightStore* weights, size_t reserve_bytes) {
+    return std::make_unique<CudaBackend>(weights, reserve_bytes);
+}
+
+namespace {
+// Device memory freed on every path out of the kernel entry points below.
+struct DevMem {
+    void* p = nullptr;
+    explicit DevMem(size_t bytes) { check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "allocating test memory"); }
+    ~DevMem() { cudaFree(p); }
+};
+struct Timer {
+    cudaEvent_t a, b;
+    Timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
+    ~Timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
+    double seconds() {
+        check(cudaEventSynchronize(b), "timing");
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        return ms / 1e3;
+    }
+};
+}  // namespace
+
+std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, int64_t N, int64_t K, const float* x,
+                               int rows, int iters, double* seconds_per_call) {
+    if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
+    if (!type_supported(type)) throw MinferError(strfmt("CUDA: weight type %s is not supported", type_traits(type).name));
+    if (w_bytes != size_t(N) * size_t(row_bytes(type, K)))
+        throw MinferError(strfmt("cuda_matmul: %zu weight bytes for %lld rows of %lld %s values", w_bytes, (long long)N,
+                                 (long long)K, type_traits(type).name));
+    DevMem dw(w_bytes), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
+        xh(size_t(rows) * K * 2);
+    check(cudaMemcpy(dw.p, w, w_bytes, cudaMemcpyHostToDevice), "uploading");
+    check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
+    cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
+    auto run = [&] {
+        if (rows <= kMatvecMaxRows || K % 32) {
+            for (int r = 0; r < rows; r += kMatvecMaxRows)
+                cuda::matvec(type, (const uint8_t*)dw.p, N, K, (const float*)dx.p + int64_t(r) * K, K,
+                             std::min(kMatvecMaxRows, rows - r), (float*)dy.p + int64_t(r) * N, N, nullptr, s);
+        } else {
+            cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);
+            cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);
+            cuda::gemm_f16((const __half*)xh.p, (const __half*)wh.p, rows, N, K, (float*)dy.p, N, nullptr, s);
+        }
+    };
+    run();
+    check(cudaDeviceSynchronize(), "running the matmul");
+    if (iters > 0) {
+        Timer t;
+        cudaEventRecord(t.a, s);
+        for (int i = 0; i < iters; i++) run();
+        cudaEventRecord(t.b, s);
+        *seconds_per_call = t.seconds() / iters;
+    }
+    std::vector<float> y(size_t(rows) * size_t(N));
+    check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "reading back");
+    return y;
+}
+
+double cuda_copy_bandwidth(size_t bytes, int iters) {
+    if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
+    DevMem a(bytes), b(bytes);
+    check(cudaMemset(a.p, 1, bytes), "filling");
+    check(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warming up");
+    Timer t;
+    cudaEventRecord(t.a, nullptr);
+    for (int i = 0; i < iters; i++) cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
+    cudaEventRecord(t.b, nullptr);
+    return 2.0 * double(bytes) * iters / t.seconds();
+}
+
+}  // namespace minfer

@@ -1,0 +1,119 @@
+// What each GGUF block means, on the device: dequant8<TYPE>(row, j, y) writes
+// the 8 weights j..j+7 (j a multiple of 8) of one row.  The same definitions
+// as csrc/quant/dequantize.cpp (the reference), read 8 values at a time so a
+// thread's loads of one block's bytes are contiguous.  The explicit-rounding
+// intrinsics keep nvcc from contracting d * q - m into an FMA, so the values
+// are bit-identical to the reference's.  Every kernel that reads
+// weights (matvec, GEMM tiles, embedding gather) goes through here.
+#pragma once
+#include "backends/cuda/common.cuh"
+#include "quant/types.h"
+
+namespace minfer::cuda {
+
+// Sizes of a block in bytes and values, per type (ggml's layouts).
+template <int T> struct Block;
+template <> struct Block<GGML_TYPE_F32>  { static constexpr int bytes = 4,   values = 1; };
+template <> struct Block<GGML_TYPE_F16>  { static constexpr int bytes = 2,   values = 1; };
+template <> struct Block<GGML_TYPE_Q4_0> { static constexpr int bytes = 18,  values = 32; };
+template <> struct Block<GGML_TYPE_Q4_1> { static constexpr int bytes = 20,  values = 32; };
+template <> struct Block<GGML_TYPE_Q5_0> { static constexpr int bytes = 22,  values = 32; };
+template <> struct Block<GGML_TYPE_Q5_1> { static constexpr int bytes = 24,  values = 32; };
+template <> struct Block<GGML_TYPE_Q8_0> { static constexpr int bytes = 34,  values = 32; };
+template <> struct Block<GGML_TYPE_Q4_K> { static constexpr int bytes = 144, values = 256; };
+template <> struct Block<GGML_TYPE_Q5_K> { static constexpr int bytes = 176, values = 256; };
+template <> struct Block<GGML_TYPE_Q6_K> { static constexpr int bytes = 210, values = 256; };
+
+__device__ __forceinline__ void k_scale_min_dev(const uint8_t* s, int j, int* sc, int* m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y) {
+    constexpr int QB = Block<T>::bytes, QV = Block<T>::values;
+    if constexpr (T == GGML_TYPE_F32) {
+        const float4* p = (const float4*)(row + j * 4);
+        float4 a = p[0], b = p[1];
+        y[0] = a.x; y[1] = a.y; y[2] = a.z; y[3] = a.w; y[4] = b.x; y[5] = b.y; y[6] = b.z; y[7] = b.w;
+    } else if constexpr (T == GGML_TYPE_F16) {
+        uint4 v = *(const uint4*)(row + j * 2);
+        const __half2* h = (const __half2*)&v;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 f = __half22float2(h[i]);
+            y[2 * i] = f.x;
+            y[2 * i + 1] = f.y;
+        }
+    } else {
+        const uint8_t* b = row + (j / QV) * QB;
+        const int e = int(j % QV);  // first value inside the block
+        if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
+            const uint8_t* qs = b + (T == GGML_TYPE_Q4_0 ? 2 : 4);
+            const float d = f16_at(b);
+            const int shift = e >= 16 ? 4 : 0, l0 = e & 15;
+            if constexpr (T == GGML_TYPE_Q4_0) {
+#pragma unroll
+                for (int i = 0; i < 8; i++) y[i] = __fmul_rn(d, float(int((qs[l0 + i] >> shift) & 0xf) - 8));
+            } else {
+                const float m = f16_at(b + 2);
+#pragma unroll
+                for (int i = 0; i < 8; i++) y[i] = __fadd_rn(__fmul_rn(d, float((qs[l0 + i] >> shift) & 0xf)), m);
+            }
+        } else if constexpr (T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1) {
+            constexpr int off = T == GGML_TYPE_Q5_0 ? 2 : 4;
+            const float d = f16_at(b);
+            const uint32_t qh = u32_at2(b + off);
+            const uint8_t* qs = b + off + 4;
+            const int shift = e >= 16 ? 4 : 0, l0 = e & 15;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int q = ((qs[l0 + i] >> shift) & 0xf) | int((qh >> (e + i)) & 1) << 4;
+                if constexpr (T == GGML_TYPE_Q5_0) y[i] = __fmul_rn(d, float(q - 16));
+                else y[i] = __fadd_rn(__fmul_rn(d, float(q)), f16_at(b + 2));
+            }
+        } else if constexpr (T == GGML_TYPE_Q8_0) {
+            const float d = f16_at(b);
+            const int8_t* qs = (const int8_t*)(b + 2 + e);
+#pragma unroll
+            for (int i = 0; i < 8; i++) y[i] = __fmul_rn(float(qs[i]), d);
+        } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
+            const float d = f16_at(b), dmin = f16_at(b + 2);
+            const int sub = e / 32, l0 = e % 32;
+            int sc, m;
+            k_scale_min_dev(b + 4, sub, &sc, &m);
+            const float dl = __fmul_rn(d, float(sc)), ml = __fmul_rn(dmin, float(m));
+            const uint8_t* qs = b + (T == GGML_TYPE_Q4_K ? 16 : 48) + 32 * (sub / 2);
+            const int shift = 4 * (sub % 2);
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int v = (qs[l0 + i] >> shift) & 0xf;
+                if constexpr (T == GGML_TYPE_Q5_K) v |= ((b[16 + l0 + i] >> sub) & 1) << 4;
+                y[i] = __fsub_rn(__fmul_rn(dl, float(v)), ml);
+            }
+        } else if constexpr (T == GGML_TYPE_Q6_K) {
+            const float d = f16_at(b + 208);
+            const int half = e / 128, k = (e / 32) % 4, m0 = e % 32;
+            const uint8_t* ql = b + half * 64 + (k % 2) * 32 + m0;
+            const uint8_t* qh = b + 128 + half * 32 + m0;
+            const float dl = __fmul_rn(d, float(((const int8_t*)(b + 192))[e / 16]));
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                int lo = (ql[i] >> (4 * (k / 2))) & 0xf, hi = (qh[i] >> (2 * k)) & 3;
+                y[i] = __fmul_rn(dl, float((lo | hi << 4) - 32));
+            }
+        }
+    }
+}
+
+}  // namespace minfer::cuda
+
+// Calls F.template operator()<TYPE>() for a runtime weight type (the kernels
+// are instantiated once per supported type); returns false for other types.
+#define MINFER_CUDA_TYPES(X) X(GGML_TYPE_F32) X(GGML_TYPE_F16) X(GGML_TYPE_Q4_0) X(GGML_TYPE_Q4_1) \
+    X(GGML_TYPE_Q5_0) X(GGML_TYPE_Q5_1) X(GGML_TYPE_Q8_0) X(GGML_TYPE_Q4_K) X(GGML_TYPE_Q5_K) X(GGML_TYPE_Q6_K)

@@ -1,0 +1,75 @@
+// Elementwise ops over row windows, row copies (TailRow) and the embedding
+// gather.  In place is safe for all of them: each thread reads its elements
+// before writing the same ones.
+#include "backends/cuda/dequant.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace minfer::cuda {
+
+namespace {
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+__global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t lda, const float* __restrict__ b,
+                                   int64_t ldb, float* y, int64_t ldy, int cols) {
+    const int r = blockIdx.y;
+    const int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cols) return;
+    const float x = a[int64_t(r) * lda + c];
+    float v;
+    switch (op) {
+        case Ew::Add: v = x + b[int64_t(r) * ldb + c]; break;
+        case Ew::Mul: v = x * b[int64_t(r) * ldb + c]; break;
+        case Ew::Silu: v = silu(x); break;
+        default: v = silu(x) * b[int64_t(r) * ldb + c]; break;
+    }
+    y[int64_t(r) * ldy + c] = v;
+}
+
+template <int T>
+__global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w, int64_t K, int64_t rb,
+                                const int32_t* __restrict__ ids, float* __restrict__ y, int64_t ldy, uint32_t* err) {
+    const int r = blockIdx.y;
+    const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (c >= K / 8) return;
+    const int32_t id = ids[r];
+    float w[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (id < 0 || id >= n_rows_w) {
+        if (c == 0) atomicOr(err, kBadTokenId);
+    } else {
+        dequant8<T>(W + int64_t(id) * rb, c * 8, w);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) y[int64_t(r) * ldy + c * 8 + i] = w[i];
+}
+
+}  // namespace
+
+void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
+                 int cols, cudaStream_t s) {
+    elementwise_kernel<<<dim3(unsigned((cols + 255) / 256), unsigned(rows)), 256, 0, s>>>(op, a, lda, b, ldb, y, ldy,
+                                                                                          cols);
+    check_launch("elementwise");
+}
+
+void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s) {
+    cudaError_t e = cudaMemcpy2DAsync(y, size_t(ldy) * 4, x, size_t(ldx) * 4, size_t(cols) * 4, size_t(rows),
+                                      cudaMemcpyDeviceToDevice, s);
+    if (e != cudaSuccess) throw MinferError(strfmt("CUDA: copying rows failed: %s", cudaGetErrorString(e)));
+}
+
+void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, const int32_t* ids, int rows, float* y,
+              int64_t ldy, uint32_t* err, cudaStream_t s) {
+    if (K % 8) throw MinferError(strfmt("CUDA get_rows: width %lld is not a multiple of 8", (long long)K));
+    const dim3 grid(unsigned((K / 8 + 127) / 128), unsigned(rows));
+    const int64_t rb = row_bytes(wtype, K);
+    switch (wtype) {
+#define X(t) case t: get_rows_kernel<t><<<grid, 128, 0, s>>>(W, n_rows_w, K, rb, ids, y, ldy, err); break;
+        MINFER_CUDA_TYPES(X)
+#undef X
+        default: throw MinferError(strfmt("CUDA get_rows: weight type %u is not supported", wtype));
+    }
+    check_launch("get_rows");
+}
+
+}  // namespace minfer::cuda

@@ -1,0 +1,58 @@
+// The CUDA kernels as the backend calls them: host functions that launch on a
+// stream (and check the launch).  Matrices are row-major f32 with a leading
+// dimension (a column window of a wider buffer is just a pointer and an ld).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <cstdint>
+
+namespace minfer::cuda {
+
+// Device-side input errors (a token id or position out of range) are recorded
+// here and raised by the backend at the next synchronize.
+enum ErrorBits : uint32_t { kBadTokenId = 1, kBadPosition = 2 };
+
+bool type_supported(uint32_t type);
+int64_t row_bytes(uint32_t type, int64_t cols);
+
+// y[r, o] = dot(x[r, :K], W[o, :K]) (+ bias[o]) for r < n_rows <= kMatvecMaxRows (matvec.cu).
+constexpr int kMatvecMaxRows = 8;
+void matvec(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int n_rows,
+            float* y, int64_t ldy, const float* bias, cudaStream_t s);
+
+// Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
+void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);
+void convert_f16(const float* x, int64_t ldx, int64_t M, int64_t K, __half* out, cudaStream_t s);
+void gemm_f16(const __half* A, const __half* B, int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
+              const float* bias, cudaStream_t s);
+
+// Embedding gather: y[r, :] = dequant(W[ids[r], :]) (elementwise.cu).
+void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, const int32_t* ids, int rows,
+              float* y, int64_t ldy, uint32_t* err, cudaStream_t s);
+
+// RmsNorm over groups of `width` columns (width == cols: RmsNorm; head_dim: QkNorm) (norm_rope.cu).
+void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width,
+             const float* w, float eps, cudaStream_t s);
+void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
+          int head_dim, int rope_dim, float base, bool neox, cudaStream_t s);
+void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
+              int rows, int dim, int n_ctx, void* K, void* V, uint32_t* err, cudaStream_t s);
+
+// Causal GQA attention of q over the cache, split over the KV length (attention.cu).
+struct AttnShape {
+    int rows, n_head, n_head_kv, head_dim, n_ctx;
+    uint32_t kv_type;
+    float scale;
+};
+int attention_splits(const AttnShape& a);                 // grid's split count (fixed per shape)
+size_t attention_scratch_floats(const AttnShape& a);      // partials for the combine step
+void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
+               float* out, int64_t ldo, float* scratch, uint32_t* err, cudaStream_t s);
+
+// Elementwise ops (elementwise.cu).
+enum class Ew { Add, Mul, Silu, SwiGLU };
+void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
+                 int cols, cudaStream_t s);
+void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
+
+}  // namespace minfer::cuda

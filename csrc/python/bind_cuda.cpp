@@ -1,0 +1,52 @@
+// The CUDA backend from Python: whether it is there (and why not), and the
+// kernel entry points the tests and benchmarks call directly.
+#include <cstring>
+
+#include "backends/cuda/cuda_api.h"
+#include "common/error.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace minfer {
+
+void bind_cuda(py::module_& m) {
+    m.def("cuda_info", [] {
+        CudaDeviceInfo i = cuda_device_info();
+        py::dict d;
+        d["built"] = i.built;
+        d["available"] = i.available;
+        d["reason"] = i.reason;
+        d["name"] = i.name;
+        d["compute_capability"] = py::make_tuple(i.cc_major, i.cc_minor);
+        d["sm_count"] = i.sm_count;
+        d["total_bytes"] = i.total_bytes;
+        d["free_bytes"] = i.free_bytes;
+        return d;
+    }, "whether this build has the CUDA backend and a usable device (and if not, why)");
+
+    m.def("cuda_matmul", [](uint32_t type, py::array w, py::array_t<float, py::array::c_style | py::array::forcecast> x,
+                            int64_t n_out, int iters) {
+        if (x.ndim() != 2) throw py::value_error("x must be 2-D [rows, K]");
+        Bytes wb = bytes_of(w, "w");
+        const int rows = int(x.shape(0));
+        const int64_t K = x.shape(1);
+        double secs = 0.0;
+        std::vector<float> y;
+        {
+            py::gil_scoped_release nogil;
+            y = cuda_matmul(type, wb.p, wb.n, n_out, K, x.data(), rows, iters, &secs);
+        }
+        py::array_t<float> out({py::ssize_t(rows), py::ssize_t(n_out)});
+        std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
+        return py::make_tuple(out, secs);
+    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("n_out"), py::arg("iters") = 0,
+       "(y, seconds per call): y = x W^T on the GPU, W raw GGUF rows of `type`; timed over `iters` calls when > 0");
+
+    m.def("cuda_copy_bandwidth", [](size_t bytes, int iters) {
+        py::gil_scoped_release nogil;
+        return cuda_copy_bandwidth(bytes, iters);
+    }, py::arg("bytes") = size_t(1) << 31, py::arg("iters") = 20, "device-to-device copy rate, bytes read + written per s");
+}
+
+}  // namespace minfer
