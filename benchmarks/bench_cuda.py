@@ -90,17 +90,55 @@ def bench(name: str, reps: int, out: dict) -> None:
     out[name] = r
 
 
+def kernels() -> None:
+    """Kernel-level rates at the 7B layout's largest shape (ffn_down-like 3584 x 18944)."""
+    import minfer._minfer as M
+
+    rng = np.random.default_rng(0)
+    for tname, t, bv, bb in (("q4_k", 12, 256, 144), ("q6_k", 14, 256, 210), ("q8_0", 8, 32, 34), ("q5_0", 6, 32, 22)):
+        n, k = 3584, 18944
+        w = rng.integers(0, 256, size=(n, k // bv * bb), dtype=np.uint8)
+        w.reshape(n, k // bv, bb)[:, :, bb - 2 if t == 14 else 0:][:, :, :2] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
+        for rows in (1, 4):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            _, sec = M.cuda_matmul(t, w, x, n, 50)
+            print(f"matvec {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
+        x = rng.standard_normal((2048, k)).astype(np.float32)
+        _, sec = M.cuda_matmul(t, w, x, n, 5)
+        print(f"gemm   {tname} 2048x{n}x{k}: {sec * 1e3:7.2f} ms  {2 * 2048 * n * k / sec / 1e12:6.0f} TFLOP/s")
+
+
+def profile(name: str) -> None:
+    """Per-op time (synchronized after every node) of a 2048-token prefill and 32 decode steps."""
+    import os
+    import subprocess
+
+    code = ("import numpy as np, minfer._minfer as M, sys; sys.path.insert(0, 'tests'); from conftest import layout_model;"
+            f"s = M.Session(M.Model(str(layout_model('{LAYOUTS[name]}'))), n_ctx=4096, device='cuda');"
+            "p = np.arange(2048, dtype=np.int32) % 1000; s.eval(p, 0);"
+            "[s.eval(np.array([5], np.int32), 2048 + i) for i in range(32)]")
+    env = dict(os.environ, MINFER_OP_PROFILE="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    print(f"op profile, {name} layout, prefill 2048 + 32 decode steps:\n" + r.stderr[-2500:])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="0.5b,1.5b,7b")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default="")
+    ap.add_argument("--kernels", action="store_true", help="kernel-level matvec/GEMM rates first")
+    ap.add_argument("--profile", default="", help="per-op profile of one layout (e.g. 1.5b)")
     a = ap.parse_args()
     import minfer._minfer as M
 
     info = M.cuda_info()
     if not info["available"]:
         sys.exit(f"no CUDA device: {info['reason']}")
+    if a.kernels:
+        kernels()
+    if a.profile:
+        profile(a.profile)
     copy = M.cuda_copy_bandwidth(1 << 31, 20)
     out = {"device": info["name"], "copy_gbps": copy / 1e9}
     for name in a.models.split(","):

@@ -26,5 +26,5 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
     2>&1 | tee "$OUT/tests.log" | tail -40
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  python3 benchmarks/bench_cuda.py --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -20
+  python3 benchmarks/bench_cuda.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" | tail -20
 fi

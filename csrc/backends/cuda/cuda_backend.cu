@@ -51,7 +51,9 @@ class CudaBackend : public Backend {
     ~CudaBackend() override;
     const char* name() const override { return "cuda"; }
     bool supports_op(const Node& node) const override;
-    bool supports_fused(Op fused) const override { return fused == Op::SwiGLU; }
+    bool supports_fused(Op fused) const override {
+        return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedFFN;
+    }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
 
     int alloc_buffer(size_t n_floats) override;
@@ -81,7 +83,15 @@ class CudaBackend : public Backend {
     void* raw(int id) { return bufs_.at(size_t(id)).p; }
     void* device_alloc(size_t bytes, const char* what);
     template <class T> T* scratch(std::vector<T*>& slot, size_t& have, size_t need);
-    void matmul(const Node& node, const ExecArgs& a);
+    struct Proj {
+        const DevWeight* w;
+        const float* bias;
+        int64_t n_out, y_col;
+    };
+    // MatMul, FusedQKV (3 parts into column windows) and FusedFFN (gate, up; swiglu).
+    void project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu);
+    Proj proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const;
+    void matvec_one(const DevWeight& w, int64_t n_out, const float* x, int64_t ldx, int rows, float* y, int64_t ldy);
     void wait(cudaEvent_t ev, const char* what);
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
@@ -97,8 +107,8 @@ class CudaBackend : public Backend {
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
-    std::vector<float*> ascratch_;
-    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0;
+    std::vector<float*> ascratch_, fscratch_;  // attention partials; f32 staging (aligned x, FFN up)
+    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0;
     std::map<uint64_t, cudaGraphExec_t> graphs_;
     std::set<uint64_t> seen_;
     bool graphs_on_ = true, capturing_ = false, failed_ = false;
@@ -194,6 +204,7 @@ CudaBackend::~CudaBackend() {
     for (auto* p : wscratch_) cudaFree(p);
     for (auto* p : xscratch_) cudaFree(p);
     for (auto* p : ascratch_) cudaFree(p);
+    for (auto* p : fscratch_) cudaFree(p);
     cudaFree(arena_);
     cudaFreeHost(err_host_);
     cudaFreeHost(staging_);
@@ -232,10 +243,15 @@ bool CudaBackend::supports_op(const Node& node) const {
             return true;
         case Op::RmsNorm: case Op::QkNorm:
             return f32_weight(node.meta.weight);
-        case Op::MatMul:
-            return has_weight(node.meta.weight) && (node.meta.bias.empty() || f32_weight(node.meta.bias));
+        case Op::MatMul:  // the kernels take K in whole 32-value units
+            return has_weight(node.meta.weight) && weights_.at(node.meta.weight).cols % 32 == 0 &&
+                   (node.meta.bias.empty() || f32_weight(node.meta.bias));
         case Op::GetRows:
             return has_weight(node.meta.weight);
+        case Op::FusedQKV:
+            return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv);
+        case Op::FusedFFN:
+            return has_weight(node.meta.w_gate) && has_weight(node.meta.w_up);
         case Op::KvStore: case Op::Attn:
             return (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
                     node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
@@ -355,27 +371,78 @@ void CudaBackend::write_host(int id, size_t offset, const float* src, size_t n) 
     check(cudaMemcpyAsync((float*)raw(id) + offset, src, n * 4, cudaMemcpyHostToDevice, stream_), "writing a buffer");
 }
 
-void CudaBackend::matmul(const Node& node, const ExecArgs& a) {
-    const NodeMeta& m = node.meta;
-    const DevWeight& w = weight(m.weight);
-    const int64_t K = w.cols, N = node.cols;
-    if (N > w.rows) throw MinferError(strfmt("CUDA matmul '%s': %lld outputs from a weight of %lld rows", node.name.c_str(),
-                                             (long long)N, (long long)w.rows));
-    const float* bias = m.bias.empty() ? nullptr : (const float*)weight(m.bias).p;
-    const float* x = at(a.in[0]);
-    float* y = at(a.out);
+CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const {
+    const DevWeight& dw = weight(w);
+    if (n_out > dw.rows)
+        throw MinferError(strfmt("CUDA: %lld outputs from weight '%s' of %lld rows", (long long)n_out, w.c_str(),
+                                 (long long)dw.rows));
+    return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
+}
+
+void CudaBackend::matvec_one(const DevWeight& w, int64_t n_out, const float* x, int64_t ldx, int rows, float* y,
+                             int64_t ldy) {
+    MatvecArgs m;
+    m.part[0] = MatvecPart{w.p, nullptr, row_bytes(w.type, w.cols), w.type, n_out, 0};
+    m.K = w.cols;
+    m.x = x;
+    m.ldx = ldx;
+    m.n_rows = rows;
+    m.y = y;
+    m.ldy = ldy;
+    cuda::matvec(m, stream_);
+}
+
+void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu) {
+    const int64_t K = parts[0].w->cols;
+    for (const Proj& p : parts)
+        if (p.w->cols != K) throw MinferError(strfmt("CUDA '%s': fused weights of different widths", node.name.c_str()));
     const int rows = node.rows;
-    if (rows <= kMatvecMaxRows || K % 32) {  // decode, or widths the tensor-core tiles cannot take
-        for (int r = 0; r < rows; r += kMatvecMaxRows)
-            cuda::matvec(w.type, w.p, N, K, x + int64_t(r) * a.in[0].ld, a.in[0].ld, std::min(kMatvecMaxRows, rows - r),
-                         y + int64_t(r) * a.out.ld, a.out.ld, bias, stream_);
-        return;
+    const float* x = at(a.in[0]);
+    int64_t ldx = a.in[0].ld;
+    float* y = at(a.out);
+    const int64_t ldy = a.out.ld;
+    if (rows <= kMatvecMaxRows) {  // decode: weights streamed once, activations kept f32
+        if (uintptr_t(x) % 16 || ldx % 4) {  // a column window at an odd offset: copy to aligned rows
+            float* xa = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(K));
+            cuda::copy_rows(x, ldx, xa, K, rows, int(K), stream_);
+            x = xa;
+            ldx = K;
+        }
+        if (swiglu && parts[0].w->type != parts[1].w->type) {  // gate and up of two types: two launches
+            float* up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
+            matvec_one(*parts[0].w, parts[0].n_out, x, ldx, rows, y, ldy);
+            matvec_one(*parts[1].w, parts[1].n_out, x, ldx, rows, up, parts[1].n_out);
+            return cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+        }
+        MatvecArgs m;
+        m.n_parts = int(parts.size());
+        m.swiglu = swiglu;
+        m.K = K;
+        for (size_t i = 0; i < parts.size(); i++) {
+            m.part[i] = MatvecPart{parts[i].w->p, parts[i].bias, row_bytes(parts[i].w->type, K), parts[i].w->type,
+                                   parts[i].n_out, parts[i].y_col};
+        }
+        m.x = x;
+        m.ldx = ldx;
+        m.n_rows = rows;
+        m.y = y;
+        m.ldy = ldy;
+        return cuda::matvec(m, stream_);
     }
-    __half* wh = scratch(wscratch_, wscratch_n_, size_t(N * K));
+    // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
+    int64_t max_n = 0;
+    for (const Proj& p : parts) max_n = std::max(max_n, p.n_out);
+    __half* wh = scratch(wscratch_, wscratch_n_, size_t(max_n * K));
     __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
-    cuda::dequantize_f16(w.type, w.p, N, K, wh, stream_);
-    cuda::convert_f16(x, a.in[0].ld, rows, K, xh, stream_);
-    cuda::gemm_f16(xh, wh, rows, N, K, y, a.out.ld, bias, stream_);
+    float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+    cuda::convert_f16(x, ldx, rows, K, xh, stream_);
+    for (size_t i = 0; i < parts.size(); i++) {
+        const Proj& p = parts[i];
+        cuda::dequantize_f16(p.w->type, p.w->p, p.n_out, K, wh, stream_);
+        if (swiglu && i == 1) cuda::gemm_f16(xh, wh, rows, p.n_out, K, up, p.n_out, nullptr, stream_);
+        else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, stream_);
+    }
+    if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
 }
 
 void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
@@ -400,7 +467,12 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                  node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps,
                                  stream_);
         case Op::MatMul:
-            return matmul(node, a);
+            return project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
+        case Op::FusedQKV:
+            return project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                                     proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+        case Op::FusedFFN:
+            return project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);
         case Op::Rope:
             return cuda::rope(at(a.in[0]), ld(0), at(a.out), a.out.ld, (const int32_t*)at(a.in[1]), rows, cols,
                               m.head_dim, m.rope_dim, m.rope_base, m.rope_neox, stream_);
@@ -555,10 +627,16 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {
-        if (rows <= kMatvecMaxRows || K % 32) {
-            for (int r = 0; r < rows; r += kMatvecMaxRows)
-                cuda::matvec(type, (const uint8_t*)dw.p, N, K, (const float*)dx.p + int64_t(r) * K, K,
-                             std::min(kMatvecMaxRows, rows - r), (float*)dy.p + int64_t(r) * N, N, nullptr, s);
+        if (rows <= kMatvecMaxRows) {
+            MatvecArgs m;
+            m.part[0] = MatvecPart{(const uint8_t*)dw.p, nullptr, row_bytes(type, K), type, N, 0};
+            m.K = K;
+            m.x = (const float*)dx.p;
+            m.ldx = K;
+            m.n_rows = rows;
+            m.y = (float*)dy.p;
+            m.ldy = N;
+            cuda::matvec(m, s);
         } else {
             cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);
             cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);

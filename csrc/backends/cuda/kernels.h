@@ -16,9 +16,30 @@ bool type_supported(uint32_t type);
 int64_t row_bytes(uint32_t type, int64_t cols);
 
 // y[r, o] = dot(x[r, :K], W[o, :K]) (+ bias[o]) for r < n_rows <= kMatvecMaxRows (matvec.cu).
+// Several weights ("parts", any types, same K) in one launch: part p writes
+// columns [y_col, y_col + n_out) of y; with swiglu, parts 0 and 1 are gate and
+// up and y[r, o] = silu(gate . x) * (up . x).  x rows 16-byte aligned, K % 32 == 0.
 constexpr int kMatvecMaxRows = 8;
-void matvec(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, const float* x, int64_t ldx, int n_rows,
-            float* y, int64_t ldy, const float* bias, cudaStream_t s);
+struct MatvecPart {
+    const uint8_t* W = nullptr;
+    const float* bias = nullptr;
+    int64_t rb = 0;        // bytes per weight row
+    uint32_t type = 0;
+    int64_t n_out = 0;     // rows of W used
+    int64_t y_col = 0;
+};
+struct MatvecArgs {
+    MatvecPart part[3];
+    int n_parts = 1;
+    bool swiglu = false;
+    int64_t K = 0;
+    const float* x = nullptr;
+    int64_t ldx = 0;
+    int n_rows = 1;
+    float* y = nullptr;
+    int64_t ldy = 0;
+};
+void matvec(const MatvecArgs& a, cudaStream_t s);
 
 // Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);
@@ -44,6 +65,7 @@ struct AttnShape {
     uint32_t kv_type;
     float scale;
 };
+bool attention_uses_tensor_cores(const AttnShape& a);  // f16 cache, >= 16 rows, head_dim 64 or 128
 int attention_splits(const AttnShape& a);                 // grid's split count (fixed per shape)
 size_t attention_scratch_floats(const AttnShape& a);      // partials for the combine step
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
