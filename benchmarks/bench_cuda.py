@@ -73,39 +73,62 @@ def bench(name: str, reps: int, out: dict) -> None:
         r[f"pp{n}"] = n / statistics.median(ts)
     for depth in (512, 4096):
         prompt = rng.integers(0, V, depth).astype(np.int32)
-        ts = []
+        ts, tl = [], []
         for rep in range(reps + 1):
             s.eval(prompt, 0)
             tok, pos = 1, depth
             t = time.perf_counter()
-            for _ in range(128):
-                logits = s.eval(np.array([tok], np.int32), pos)
-                tok = int(np.argmax(logits[-1]))
+            for _ in range(128):  # greedy on the device: 4 bytes back per token
+                tok = s.eval_greedy(np.array([tok], np.int32), pos)
                 pos += 1
             if rep:  # the first round captures the decode graph
                 ts.append(time.perf_counter() - t)
+            if depth == 512:  # the logits path (what a sampler needs): 600 KB back per token, argmax in numpy
+                s.eval(prompt, 0)
+                tok, pos = 1, depth
+                t = time.perf_counter()
+                for _ in range(128):
+                    tok = int(np.argmax(s.eval(np.array([tok], np.int32), pos)[-1]))
+                    pos += 1
+                if rep:
+                    tl.append(time.perf_counter() - t)
         tps = 128 / statistics.median(ts)
         r[f"tg@{depth}"] = tps
+        if tl:
+            r[f"tg_logits@{depth}"] = 128 / statistics.median(tl)
         r[f"gbps@{depth}"] = decode_bytes(model, str(path), depth + 64) * tps / 1e9
     out[name] = r
 
 
 def kernels() -> None:
-    """Kernel-level rates at the 7B layout's largest shape (ffn_down-like 3584 x 18944)."""
+    """Kernel-level rates at the 7B layout's largest shape (ffn_down-like 3584 x 18944),
+    and at the 1.5B ffn_up shape (8960 x 1536), for each matvec variant in $MATVEC_VARIANTS
+    (each a value of MINFER_CUDA_MATVEC, run in a fresh process)."""
+    import os
+    import subprocess
+
+    variants = os.environ.get("MATVEC_VARIANTS", "")
+    if variants and "MINFER_CUDA_MATVEC" not in os.environ:
+        for v in variants.split(";"):
+            print(f"--- matvec variant {v} (stage, warps per row)", flush=True)
+            subprocess.run([sys.executable, __file__, "--kernels-only"], env=dict(os.environ, MINFER_CUDA_MATVEC=v))
+        return
     import minfer._minfer as M
 
     rng = np.random.default_rng(0)
-    for tname, t, bv, bb in (("q4_k", 12, 256, 144), ("q6_k", 14, 256, 210), ("q8_0", 8, 32, 34), ("q5_0", 6, 32, 22)):
-        n, k = 3584, 18944
+    for tname, t, bv, bb, n, k in (("q4_k", 12, 256, 144, 3584, 18944), ("q6_k", 14, 256, 210, 3584, 18944),
+                                   ("q8_0", 8, 32, 34, 3584, 18944), ("q4_k", 12, 256, 144, 8960, 1536),
+                                   ("q8_0", 8, 32, 34, 151936, 896)):
         w = rng.integers(0, 256, size=(n, k // bv * bb), dtype=np.uint8)
         w.reshape(n, k // bv, bb)[:, :, bb - 2 if t == 14 else 0:][:, :, :2] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
         for rows in (1, 4):
             x = rng.standard_normal((rows, k)).astype(np.float32)
             _, sec = M.cuda_matmul(t, w, x, n, 50)
             print(f"matvec {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
-        x = rng.standard_normal((2048, k)).astype(np.float32)
-        _, sec = M.cuda_matmul(t, w, x, n, 5)
-        print(f"gemm   {tname} 2048x{n}x{k}: {sec * 1e3:7.2f} ms  {2 * 2048 * n * k / sec / 1e12:6.0f} TFLOP/s")
+        if os.environ.get("MINFER_CUDA_MATVEC", "1,0") == "1,0" and n < 100000:
+            x = rng.standard_normal((2048, k)).astype(np.float32)
+            _, sec = M.cuda_matmul(t, w, x, n, 5)
+            print(f"gemm   {tname} 2048x{n}x{k}: {sec * 1e3:7.2f} ms  {2 * 2048 * n * k / sec / 1e12:6.0f} TFLOP/s")
 
 
 def profile(name: str) -> None:
@@ -129,7 +152,10 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--kernels", action="store_true", help="kernel-level matvec/GEMM rates first")
     ap.add_argument("--profile", default="", help="per-op profile of one layout (e.g. 1.5b)")
+    ap.add_argument("--kernels-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.kernels_only:
+        return kernels()
     import minfer._minfer as M
 
     info = M.cuda_info()
@@ -145,13 +171,13 @@ def main() -> None:
         bench(name, a.reps, out)
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'layout':6} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
-          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6}")
+          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9}")
     for name in a.models.split(","):
         r, l = out[name], LLAMA[name]
         print(f"{name:6} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
               f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
               f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "
-              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f}")
+              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -267,6 +267,14 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
     assert d <= 3e-2 * scale, (d, scale)
 
 
+def test_greedy_on_device_matches_host_argmax(q05_model, rng):
+    s = M.Session(q05_model, threads=4, n_ctx=64, device="cuda")
+    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
+    for start, toks in ((0, prompt), (7, prompt[:1]), (8, prompt[:1])):
+        logits = s.eval(toks, start)
+        assert s.eval_greedy(toks, start) == int(np.argmax(logits[-1]))
+
+
 def test_graph_replay_is_exact(q05_model, rng):
     """Replayed decode steps compute exactly what launching each kernel computes."""
     prompt = rng.integers(0, 151936, size=9).astype(np.int32)

@@ -29,6 +29,16 @@ def test_decode_reuses_one_graph(qwen2):
     assert s.graph_builds == 2, "a 64-token decode builds the decode graph once"
 
 
+def test_eval_greedy_is_the_argmax_of_eval(qwen2):
+    s = M.Session(qwen2, threads=2, n_ctx=64)
+    prompt = np.arange(100, 109, dtype=np.int32)
+    logits = s.eval(prompt, 0)
+    assert s.eval_greedy(prompt, 0) == int(np.argmax(logits[-1]))
+    tok = s.eval_greedy(np.array([3], np.int32), 9)
+    assert tok == int(np.argmax(s.eval(np.array([3], np.int32), 9)[-1]))
+    assert s.device == "cpu"
+
+
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("weights", ["f16", "q8_0"])  # f16 weights keep f32 activations: no rounding hides a change
 def test_results_do_not_depend_on_batching(weights, kv_type):

@@ -45,6 +45,9 @@ class Backend {
     virtual void read_host(int id, size_t offset, float* dst, size_t n) = 0;
     virtual void write_host(int id, size_t offset, const float* src, size_t n) = 0;
     virtual void synchronize() = 0;
+    // Index of the largest of n floats at (id, offset), the first on ties:
+    // greedy decoding's only read-back.  Default: read_host, then a scan.
+    virtual int argmax(int id, size_t offset, size_t n);
 
     // Optional split capture (CUDA graphs).  The plan asks, per split and run:
     // replay_split(key) launches a recorded copy and returns true; otherwise

@@ -18,6 +18,12 @@ bool op_in_place_ok(Op op) {
     }
 }
 
+int Backend::argmax(int id, size_t offset, size_t n) {
+    std::vector<float> v(n);
+    read_host(id, offset, v.data(), n);
+    return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima
+}
+
 int HostBackend::alloc_buffer(size_t n) {
     for (size_t i = 0; i < free_.size(); i++)
         if (pool_[size_t(free_[i])].size() == n) {

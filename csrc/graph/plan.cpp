@@ -139,6 +139,11 @@ void Plan::allocate(bool keep_all) {
     }
 }
 
+int Plan::argmax_last_row(int node) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    return backend(n.backend)->argmax(buf_[size_t(node)], size_t(n.rows - 1) * size_t(n.cols), size_t(n.cols));
+}
+
 void Plan::write_input(InputKind kind, const int32_t* values, int n) {
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& node = graph_.nodes[i];

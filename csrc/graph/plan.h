@@ -50,6 +50,8 @@ class Plan {
     void poison();  // fill every non-input buffer with NaN (tests: unwritten outputs show)
     // The output of `node` after execute (only meaningful for live outputs, or with keep_all).
     std::vector<float> read_node(int node);
+    // argmax over the last row of `node`'s output, computed where the node ran.
+    int argmax_last_row(int node);
 
     const Graph& graph() const { return graph_; }
     const std::vector<Split>& splits() const { return splits_; }

@@ -172,6 +172,13 @@ void bind_engine(py::module_& m) {
             return out;
         }, py::arg("tokens"), py::arg("start_pos"), py::arg("all_logits") = false,
            "logits [n, vocab] (all_logits) or [1, vocab] for tokens at positions start_pos..")
+        .def("eval_greedy", [](Session& s, I32Array tokens, int start_pos) {
+            const int n = int(tokens.size());
+            const int32_t* t = tokens.data();
+            py::gil_scoped_release nogil;
+            return s.eval_greedy(t, n, start_pos);
+        }, py::arg("tokens"), py::arg("start_pos"),
+           "the argmax of the last position's logits (found on the device; only the token id is read back)")
         .def("plan", [](Session& s, int n_tokens, bool all_logits) { return &s.plan(n_tokens, all_logits); },
              py::arg("n_tokens"), py::arg("all_logits") = false, py::return_value_policy::reference_internal)
         .def_property_readonly("n_ctx", &Session::n_ctx)

@@ -142,7 +142,7 @@ std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) {
     return std::make_unique<Plan>(std::move(graph), slots_, kv, true);
 }
 
-void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out) {
+Plan& Session::run_step(const int32_t* tokens, int n, int start_pos, bool all_logits) {
     const ModelConfig& c = model_->config();
     if (n <= 0) throw MinferError("eval: no tokens (an empty prompt)");
     if (start_pos < 0) throw MinferError(strfmt("eval: negative start position %d", start_pos));
@@ -160,9 +160,19 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     pl.write_input(InputKind::Tokens, tokens, n);
     pl.write_input(InputKind::Positions, pos.data(), n);
     pl.execute(profile_on_ ? &profile_ : nullptr);
+    return pl;
+}
+
+void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out) {
+    Plan& pl = run_step(tokens, n, start_pos, all_logits);
     const Node& o = pl.graph().nodes[size_t(pl.graph().output)];
     std::vector<float> logits = pl.read_node(pl.graph().output);
     std::memcpy(out, logits.data(), size_t(o.rows) * size_t(o.cols) * sizeof(float));
+}
+
+int Session::eval_greedy(const int32_t* tokens, int n, int start_pos) {
+    Plan& pl = run_step(tokens, n, start_pos, false);
+    return pl.argmax_last_row(pl.graph().output);
 }
 
 }  // namespace minfer

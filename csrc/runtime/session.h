@@ -52,6 +52,9 @@ class Session {
     // Runs tokens[0..n) at positions start_pos.. and writes logits into `out`:
     // [n, n_vocab] if all_logits, else [1, n_vocab] (the last position).
     void eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out);
+    // The same step, returning only the most likely next token (argmax of the
+    // last position's logits, found on the device that computed them).
+    int eval_greedy(const int32_t* tokens, int n, int start_pos);
 
     // The plan for a step shape (built on first use, then cached).
     Plan& plan(int n_tokens, bool all_logits);
@@ -68,6 +71,7 @@ class Session {
     const std::string& device() const { return device_; }  // what "auto" resolved to, and why not CUDA
 
   private:
+    Plan& run_step(const int32_t* tokens, int n, int start_pos, bool all_logits);
     std::shared_ptr<Model> model_;
     SessionOptions opts_;
     std::shared_ptr<ThreadPool> pool_;

@@ -45,12 +45,11 @@ def greedy(sess: Session, prompt: Iterable[int], max_tokens: int, start_pos: int
     """Yields greedily decoded token ids: one prompt step, then one step per token."""
     ids = np.asarray(list(prompt), dtype=np.int32)
     stop = set(stop)
-    logits = sess.eval(ids, start_pos)
+    tok = sess.eval_greedy(ids, start_pos)  # the argmax is taken where the logits are (4 bytes back from a GPU)
     pos = start_pos + len(ids)
     for _ in range(max_tokens):
-        tok = int(np.argmax(logits[-1]))
         yield tok
         if tok in stop or pos >= sess.n_ctx:
             return
-        logits = sess.eval(np.array([tok], np.int32), pos)
+        tok = sess.eval_greedy(np.array([tok], np.int32), pos)
         pos += 1

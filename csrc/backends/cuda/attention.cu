@@ -1,5 +1,5 @@
 // Causal GQA attention over the KV cache, flash-style: each block owns one
-// (query head, row) and walks the row's visible positions in chunks of 256
+// (query head, row) and walks the row's visible positions in chunks of 128
 // with an online softmax (running max, running sum, rescaled output).
 //
 // Decode (one row) splits the KV length over gridDim.z blocks whose partials
@@ -26,7 +26,7 @@ namespace minfer::cuda {
 
 namespace {
 
-constexpr int kChunk = 256, kThreads = 128, kMaxHeadDim = 256;
+constexpr int kChunk = 128, kThreads = 128, kMaxHeadDim = 256;
 
 __device__ __forceinline__ float kv_at(uint32_t kv_type, const uint8_t* base, int64_t j, int dim, int col) {
     if (kv_type == GGML_TYPE_F16) return __half2float(((const __half*)base)[j * dim + col]);
@@ -35,6 +35,34 @@ __device__ __forceinline__ float kv_at(uint32_t kv_type, const uint8_t* base, in
     return f16_at(blk) * float(((const int8_t*)blk)[2 + col % 32]);
 }
 
+// Values col..col+7 of cache row j (col a multiple of 8): one 16-byte load for f16.
+__device__ __forceinline__ void kv_load8(uint32_t kv_type, const uint8_t* base, int64_t j, int dim, int col, float* y) {
+    if (kv_type == GGML_TYPE_F16) {
+        const uint4 v = *(const uint4*)((const __half*)base + j * dim + col);
+        const __half2* h = (const __half2*)&v;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float2 f = __half22float2(h[i]);
+            y[2 * i] = f.x;
+            y[2 * i + 1] = f.y;
+        }
+    } else if (kv_type == GGML_TYPE_F32) {
+        const float4* p = (const float4*)((const float*)base + j * dim + col);
+        const float4 u = p[0], v = p[1];
+        y[0] = u.x, y[1] = u.y, y[2] = u.z, y[3] = u.w, y[4] = v.x, y[5] = v.y, y[6] = v.z, y[7] = v.w;
+    } else {
+        const uint8_t* blk = base + j * int64_t(dim / 32) * 34 + (col / 32) * 34;
+        const float d = f16_at(blk);
+        const int8_t* q = (const int8_t*)blk + 2 + col % 32;
+#pragma unroll
+        for (int i = 0; i < 8; i++) y[i] = d * float(q[i]);
+    }
+}
+
+// Per chunk of 128 positions: each thread scores one position (its K row read
+// in 16-byte pieces, all in flight at once); after the block's max and sum,
+// each warp accumulates P V over 32 positions with lanes across head dims,
+// and the four warps' sums meet in shared memory.
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const float* __restrict__ q, int64_t ldq,
                                                              const int32_t* __restrict__ pos,
                                                              const uint8_t* __restrict__ K,
@@ -43,6 +71,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
                                                              uint32_t* err) {
     __shared__ float qs[kMaxHeadDim];
     __shared__ float s[kChunk];
+    __shared__ float ored[kThreads / 32][kMaxHeadDim];
     __shared__ float scratch[32];
     const int h = blockIdx.x, r = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int hd = a.head_dim, dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
@@ -65,36 +94,46 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     float m = -INFINITY, l = 0.0f, o[kMaxHeadDim / kThreads] = {0.0f, 0.0f};
     for (int c = z; c * kChunk <= p; c += S) {
         const int j0 = c * kChunk, n = min(kChunk, p + 1 - j0);
-        for (int jj = warp; jj < n; jj += kThreads / 32) {
+        float sc = -INFINITY;
+        if (int(threadIdx.x) < n) {
             float dot = 0.0f;
-            for (int d = lane; d < hd; d += 32) dot += qs[d] * kv_at(a.kv_type, K, j0 + jj, dim, col0 + d);
-            dot = warp_sum(dot);
-            if (lane == 0) s[jj] = dot * a.scale;
+            for (int d0 = 0; d0 < hd; d0 += 8) {
+                float kv[8];
+                kv_load8(a.kv_type, K, j0 + threadIdx.x, dim, col0 + d0, kv);
+#pragma unroll
+                for (int i = 0; i < 8; i++) dot += qs[d0 + i] * kv[i];
+            }
+            sc = dot * a.scale;
         }
-        __syncthreads();
-        float cm = -INFINITY;
-        for (int jj = threadIdx.x; jj < n; jj += kThreads) cm = fmaxf(cm, s[jj]);
-        cm = block_max(cm, scratch);
+        const float cm = block_max(sc, scratch);
         const float nm = fmaxf(m, cm), corr = expf(m - nm);  // exp(-inf) = 0 on the first chunk
-        float cs = 0.0f;
-        for (int jj = threadIdx.x; jj < n; jj += kThreads) {
-            const float e = expf(s[jj] - nm);
-            s[jj] = e;
-            cs += e;
-        }
-        cs = block_sum(cs, scratch);  // its barriers also publish s[] to every thread
+        const float e = int(threadIdx.x) < n ? expf(sc - nm) : 0.0f;
+        s[threadIdx.x] = e;
+        const float cs = block_sum(e, scratch);  // its barriers also publish s[] to every thread
         l = l * corr + cs;
         m = nm;
+        // this warp's 32 positions, lanes across dims
+        float acc[kMaxHeadDim / 32];
+#pragma unroll
+        for (int i = 0; i < kMaxHeadDim / 32; i++) acc[i] = 0.0f;
+        const int jw = warp * 32, jn = min(n, jw + 32);
+#pragma unroll 4
+        for (int jj = jw; jj < jn; jj++) {
+            const float w = s[jj];
+#pragma unroll
+            for (int i = 0; i < kMaxHeadDim / 32; i++)
+                if (lane + 32 * i < hd) acc[i] += w * kv_at(a.kv_type, V, j0 + jj, dim, col0 + lane + 32 * i);
+        }
+#pragma unroll
+        for (int i = 0; i < kMaxHeadDim / 32; i++)
+            if (lane + 32 * i < hd) ored[warp][lane + 32 * i] = acc[i];
+        __syncthreads();
 #pragma unroll
         for (int t = 0; t < kMaxHeadDim / kThreads; t++) {
             const int d = threadIdx.x + t * kThreads;
-            if (d < hd) {
-                float acc = o[t] * corr;
-                for (int jj = 0; jj < n; jj++) acc += s[jj] * kv_at(a.kv_type, V, j0 + jj, dim, col0 + d);
-                o[t] = acc;
-            }
+            if (d < hd) o[t] = o[t] * corr + ored[0][d] + ored[1][d] + ored[2][d] + ored[3][d];
         }
-        __syncthreads();  // s[] is rewritten by the next chunk
+        __syncthreads();  // s[] and ored[] are rewritten by the next chunk
     }
 #pragma unroll
     for (int t = 0; t < kMaxHeadDim / kThreads; t++) {

@@ -66,6 +66,7 @@ class CudaBackend : public Backend {
     void read_host(int id, size_t offset, float* dst, size_t n) override;
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
+    int argmax(int id, size_t offset, size_t n) override;
 
     bool replay_split(uint64_t key) override;
     bool begin_capture(uint64_t key) override;
@@ -91,7 +92,6 @@ class CudaBackend : public Backend {
     // MatMul, FusedQKV (3 parts into column windows) and FusedFFN (gate, up; swiglu).
     void project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu);
     Proj proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const;
-    void matvec_one(const DevWeight& w, int64_t n_out, const float* x, int64_t ldx, int rows, float* y, int64_t ldy);
     void wait(cudaEvent_t ev, const char* what);
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
@@ -104,6 +104,8 @@ class CudaBackend : public Backend {
     cudaEvent_t done_ = nullptr;
     uint32_t* err_host_ = nullptr;  // host-mapped: kernels flag input errors here
     uint32_t* err_dev_ = nullptr;
+    int* argmax_host_ = nullptr;    // host-mapped: the argmax kernel writes the token id here
+    int* argmax_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
@@ -146,6 +148,8 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     check(cudaHostAlloc((void**)&err_host_, sizeof(uint32_t), cudaHostAllocMapped), "allocating the error word");
     *err_host_ = 0;
     check(cudaHostGetDevicePointer((void**)&err_dev_, err_host_, 0), "mapping the error word");
+    check(cudaHostAlloc((void**)&argmax_host_, sizeof(int), cudaHostAllocMapped), "allocating the argmax word");
+    check(cudaHostGetDevicePointer((void**)&argmax_dev_, argmax_host_, 0), "mapping the argmax word");
 
     // Weights: one arena, each tensor 256-byte aligned.
     size_t total = 0;
@@ -207,6 +211,7 @@ CudaBackend::~CudaBackend() {
     for (auto* p : fscratch_) cudaFree(p);
     cudaFree(arena_);
     cudaFreeHost(err_host_);
+    cudaFreeHost(argmax_host_);
     cudaFreeHost(staging_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -365,6 +370,13 @@ void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     std::memcpy(dst, staging_, n * 4);
 }
 
+int CudaBackend::argmax(int id, size_t offset, size_t n) {
+    usable();
+    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, stream_);
+    synchronize();
+    return *(volatile int*)argmax_host_;
+}
+
 void CudaBackend::write_host(int id, size_t offset, const float* src, size_t n) {
     usable();
     // Pageable source: CUDA stages it before returning, so `src` may be reused at once.
@@ -377,19 +389,6 @@ CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bia
         throw MinferError(strfmt("CUDA: %lld outputs from weight '%s' of %lld rows", (long long)n_out, w.c_str(),
                                  (long long)dw.rows));
     return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
-}
-
-void CudaBackend::matvec_one(const DevWeight& w, int64_t n_out, const float* x, int64_t ldx, int rows, float* y,
-                             int64_t ldy) {
-    MatvecArgs m;
-    m.part[0] = MatvecPart{w.p, nullptr, row_bytes(w.type, w.cols), w.type, n_out, 0};
-    m.K = w.cols;
-    m.x = x;
-    m.ldx = ldx;
-    m.n_rows = rows;
-    m.y = y;
-    m.ldy = ldy;
-    cuda::matvec(m, stream_);
 }
 
 void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu) {
@@ -407,12 +406,6 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             cuda::copy_rows(x, ldx, xa, K, rows, int(K), stream_);
             x = xa;
             ldx = K;
-        }
-        if (swiglu && parts[0].w->type != parts[1].w->type) {  // gate and up of two types: two launches
-            float* up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
-            matvec_one(*parts[0].w, parts[0].n_out, x, ldx, rows, y, ldy);
-            matvec_one(*parts[1].w, parts[1].n_out, x, ldx, rows, up, parts[1].n_out);
-            return cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
         }
         MatvecArgs m;
         m.n_parts = int(parts.size());

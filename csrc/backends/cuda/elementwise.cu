@@ -43,7 +43,38 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w,
     for (int i = 0; i < 8; i++) y[int64_t(r) * ldy + c * 8 + i] = w[i];
 }
 
+// One block: each thread scans a stride of x, then (value, index) pairs are
+// reduced keeping the larger value and, on ties, the smaller index.
+__device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
+    if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
+}
+
+__global__ void argmax_kernel(const float* __restrict__ x, int n, int* out) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    float v = -INFINITY;
+    int i = n;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) better(v, i, x[j], j);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+    if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = i;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        v = threadIdx.x < blockDim.x / 32 ? sv[threadIdx.x] : -INFINITY;
+        i = threadIdx.x < blockDim.x / 32 ? si[threadIdx.x] : n;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
+        if (threadIdx.x == 0) *out = i < n ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
+    }
+}
+
 }  // namespace
+
+void argmax(const float* x, int n, int* out, cudaStream_t s) {
+    argmax_kernel<<<1, 1024, 0, s>>>(x, n, out);
+    check_launch("argmax");
+}
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
                  int cols, cudaStream_t s) {

@@ -75,6 +75,8 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
 enum class Ew { Add, Mul, Silu, SwiGLU };
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
                  int cols, cudaStream_t s);
+// out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
+void argmax(const float* x, int n, int* out, cudaStream_t s);
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 
 }  // namespace minfer::cuda

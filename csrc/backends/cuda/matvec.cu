@@ -1,121 +1,127 @@
 // Decode's matrix-vector products: y[r, o] = x[r, :] . W[o, :] for a few
 // activation rows r, bound by streaming the weights from HBM once.
 //
-// A block of 256 threads is cut into teams of TPR threads (32..256, chosen
-// from K so every team has a few 32-value units per thread).  A team owns two
-// weight rows (o, o+1 of one weight, or gate o and up o for the fused FFN):
-// its threads stride over K in 32-value units (one block, or one sub-block of
-// a K-quant: four dequant8 reads issued together), dequantize the unit of both
-// rows, then stream each activation row's 32 values as float4 and accumulate
-// into both -- so every x load serves two rows.  Partial sums are reduced over
-// the warp, then across the team's warps in shared memory.
+// A block of 8 warps owns 8 / wpr weight rows, wpr warps sharing each row
+// (long rows are split so every warp has a few units; the warps' sums meet in
+// shared memory).  K is walked in tiles:
+// the block stages the tile of every activation row in shared memory (read
+// from L2 once per block instead of once per weight row -- x is 4 bytes a
+// value against ~0.6 for the weights, so re-reading it was the bottleneck),
+// then each lane takes 32-weight units of its row (one block, or one
+// sub-block of a K-quant, read 8 values at a time) and dots them with the
+// staged x.  The staged rows are padded by 4 floats per 32 values so
+// the lanes' float4 reads fall in different banks.
 //
 // Several weights ("parts", any types, same K) share one launch: the fused
-// QKV projection writes q, k and v into column windows of one output.
+// QKV projection writes q, k and v into column windows of one output; the
+// fused FFN computes gate and up rows together and writes silu(gate) * up.
 #include "backends/cuda/dequant.cuh"
 #include "backends/cuda/kernels.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 
 namespace minfer::cuda {
 
 namespace {
 
-constexpr int kThreads = 256, kR = kMatvecMaxRows;
+constexpr int kWarps = 8, kR = kMatvecMaxRows;
+constexpr int kTileFloats = 8192;  // staged x per block: 8192 values + padding = 36 KB
+
+__host__ __device__ __forceinline__ int padded(int v) { return v + (v >> 5) * 4; }
 
 template <int T>
-__device__ __forceinline__ void team_dot(const uint8_t* __restrict__ w0, const uint8_t* __restrict__ w1, int64_t K,
-                                         const float* __restrict__ x, int64_t ldx, int n_rows, int t, int tpr,
-                                         float (&acc)[2][kR]) {
-    for (int64_t u = t; u < K / 32; u += tpr) {
-        float a[32], b[32];
+__device__ __forceinline__ void unit_dots(const uint8_t* __restrict__ w, int64_t u_first, int u0, int ustep, int units,
+                                          const float* xs, int64_t xs_stride, int xs_unit, int n_rows,
+                                          float (&acc)[kR]) {
+#pragma unroll 2
+    for (int u = u0; u < units; u += ustep) {
 #pragma unroll
         for (int q = 0; q < 4; q++) {
-            dequant8<T>(w0, u * 32 + q * 8, a + q * 8);
-            dequant8<T>(w1, u * 32 + q * 8, b + q * 8);
-        }
+            float wv[8];
+            dequant8<T>(w, (u_first + u) * 32 + q * 8, wv);
 #pragma unroll
-        for (int r = 0; r < kR; r++) {
-            if (r < n_rows) {
-                const float4* xr = (const float4*)(x + r * ldx + u * 32);
-                float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-                for (int q = 0; q < 8; q++) {
-                    const float4 v = xr[q];
-                    sa += a[4 * q] * v.x + a[4 * q + 1] * v.y + a[4 * q + 2] * v.z + a[4 * q + 3] * v.w;
-                    sb += b[4 * q] * v.x + b[4 * q + 1] * v.y + b[4 * q + 2] * v.z + b[4 * q + 3] * v.w;
+            for (int r = 0; r < kR; r++) {
+                if (r < n_rows) {
+                    const float4* xr = (const float4*)(xs + r * xs_stride + u * xs_unit + q * 8);
+                    const float4 v0 = xr[0], v1 = xr[1];
+                    acc[r] += wv[0] * v0.x + wv[1] * v0.y + wv[2] * v0.z + wv[3] * v0.w + wv[4] * v1.x +
+                              wv[5] * v1.y + wv[6] * v1.z + wv[7] * v1.w;
                 }
-                acc[0][r] += sa;
-                acc[1][r] += sb;
             }
         }
     }
 }
 
-__global__ void __launch_bounds__(kThreads) matvec_kernel(MatvecArgs a, int tpr) {
-    __shared__ float red[kThreads / 32][2 * kR];
-    const int team = threadIdx.x / tpr, t = threadIdx.x % tpr, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int64_t pair = int64_t(blockIdx.x) * (kThreads / tpr) + team;
-    // Which part and rows this team owns (uniform over the team).
-    int p = 0;
-    int64_t o0 = 0, o1 = 0;
-    bool live = true, second = true;
-    if (a.swiglu) {
-        o0 = o1 = pair;
-        live = pair < a.part[0].n_out;
-    } else {
-        while (p < a.n_parts && pair >= (a.part[p].n_out + 1) / 2) pair -= (a.part[p++].n_out + 1) / 2;
-        live = p < a.n_parts;
-        if (live) {
-            o0 = 2 * pair;
-            second = o0 + 1 < a.part[p].n_out;
-            o1 = second ? o0 + 1 : o0;
-        }
-    }
-    float acc[2][kR];
-#pragma unroll
-    for (int r = 0; r < kR; r++) acc[0][r] = acc[1][r] = 0.0f;
-    if (live) {
-        const MatvecPart& A = a.part[p];
-        const MatvecPart& B = a.swiglu ? a.part[1] : a.part[p];
-        const uint8_t* w0 = A.W + o0 * A.rb;
-        const uint8_t* w1 = B.W + o1 * B.rb;
-        switch (A.type) {
-#define X(ty) case ty: team_dot<ty>(w0, w1, a.K, a.x, a.ldx, a.n_rows, t, tpr, acc); break;
-            MINFER_CUDA_TYPES(X)
+__device__ __forceinline__ void unit_dots_any(uint32_t type, const uint8_t* w, int64_t u_first, int u0, int ustep,
+                                              int units, const float* xs, int64_t xs_stride, int xs_unit, int n_rows,
+                                              float (&acc)[kR]) {
+    switch (type) {
+#define X(t) case t: unit_dots<t>(w, u_first, u0, ustep, units, xs, xs_stride, xs_unit, n_rows, acc); break;
+        MINFER_CUDA_TYPES(X)
 #undef X
-            default: break;
+        default: break;
+    }
+}
+
+// wpr warps share a row (each a strided share of its units), 8 / wpr rows per block.
+__global__ void __launch_bounds__(32 * kWarps) matvec_kernel(MatvecArgs a, int tile, int wpr, bool stage) {
+    extern __shared__ __align__(16) float xs[];
+    __shared__ float red[kWarps][2 * kR];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % wpr;
+    const int xs_stride = padded(tile);
+    // This warp's row: part p, row o (gate and up row o with swiglu).
+    int64_t o = int64_t(blockIdx.x) * (kWarps / wpr) + warp / wpr;
+    int p = 0;
+    if (!a.swiglu)
+        while (p < a.n_parts && o >= a.part[p].n_out) o -= a.part[p++].n_out;
+    const bool live = a.swiglu ? o < a.part[0].n_out : p < a.n_parts;
+    const MatvecPart& A = a.part[live ? p : 0];
+    float acc[kR], acc2[kR];
+#pragma unroll
+    for (int r = 0; r < kR; r++) acc[r] = acc2[r] = 0.0f;
+    for (int64_t k0 = 0; k0 < a.K; k0 += tile) {
+        const int kt = int(min(int64_t(tile), a.K - k0));
+        const float* xt = a.x + k0;  // unstaged: x straight from global memory (L1/L2)
+        int64_t xt_stride = a.ldx;
+        int xt_unit = 32;
+        if (stage) {
+            __syncthreads();  // the previous tile is no longer read
+            for (int e = threadIdx.x; e < a.n_rows * kt / 4; e += 32 * kWarps) {
+                const int r = e / (kt / 4), v = (e % (kt / 4)) * 4;
+                *(float4*)(xs + r * xs_stride + padded(v)) = *(const float4*)(a.x + r * a.ldx + k0 + v);
+            }
+            __syncthreads();
+            xt = xs, xt_stride = xs_stride, xt_unit = 36;
+        }
+        if (live) {
+            unit_dots_any(A.type, A.W + o * A.rb, k0 / 32, sub * 32 + lane, 32 * wpr, kt / 32, xt, xt_stride, xt_unit,
+                          a.n_rows, acc);
+            if (a.swiglu)
+                unit_dots_any(a.part[1].type, a.part[1].W + o * a.part[1].rb, k0 / 32, sub * 32 + lane, 32 * wpr,
+                              kt / 32, xt, xt_stride, xt_unit, a.n_rows, acc2);
         }
     }
-    // Reduce over the warp, then over the team's warps (all threads reach the barrier).
 #pragma unroll
     for (int r = 0; r < kR; r++) {
-        acc[0][r] = warp_sum(acc[0][r]);
-        acc[1][r] = warp_sum(acc[1][r]);
+        acc[r] = warp_sum(acc[r]);
+        acc2[r] = warp_sum(acc2[r]);
     }
-    if (tpr > 32) {
+    if (wpr > 1) {  // the row's warps meet in shared memory (every thread reaches the barrier)
         if (lane == 0)
 #pragma unroll
-            for (int r = 0; r < kR; r++) red[warp][r] = acc[0][r], red[warp][kR + r] = acc[1][r];
+            for (int r = 0; r < kR; r++) red[warp][r] = acc[r], red[warp][kR + r] = acc2[r];
         __syncthreads();
-        if (t == 0)
+        if (sub == 0 && lane == 0)
 #pragma unroll
-            for (int r = 0; r < kR; r++) {
-                float s0 = 0.0f, s1 = 0.0f;
-                for (int w = 1; w < tpr / 32; w++) s0 += red[warp + w][r], s1 += red[warp + w][kR + r];
-                acc[0][r] += s0;
-                acc[1][r] += s1;
-            }
+            for (int r = 0; r < kR; r++)
+                for (int w = 1; w < wpr; w++) acc[r] += red[warp + w][r], acc2[r] += red[warp + w][kR + r];
     }
-    if (!live || t != 0) return;
-    const MatvecPart& P = a.part[p];
+    if (!live || sub != 0 || lane != 0) return;
     for (int r = 0; r < a.n_rows; r++) {
-        float* yr = a.y + r * a.ldy;
-        if (a.swiglu) {
-            const float g = acc[0][r];
-            yr[o0] = g / (1.0f + expf(-g)) * acc[1][r];
-        } else {
-            yr[P.y_col + o0] = acc[0][r] + (P.bias ? P.bias[o0] : 0.0f);
-            if (second) yr[P.y_col + o1] = acc[1][r] + (P.bias ? P.bias[o1] : 0.0f);
-        }
+        if (a.swiglu) a.y[r * a.ldy + o] = acc[r] / (1.0f + expf(-acc[r])) * acc2[r];
+        else a.y[r * a.ldy + A.y_col + o] = acc[r] + (A.bias ? A.bias[o] : 0.0f);
     }
 }
 
@@ -144,18 +150,28 @@ void matvec(const MatvecArgs& a, cudaStream_t s) {
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 32 || (uintptr_t(a.x) % 16) || a.ldx % 4)
         throw MinferError(strfmt("CUDA matvec: %d rows of width %lld, ld %lld (1..%d rows; width a multiple of 32; "
                                  "16-byte aligned rows)", a.n_rows, (long long)a.K, (long long)a.ldx, kMatvecMaxRows));
-    if (a.swiglu && a.part[0].type != a.part[1].type)
-        throw MinferError("CUDA matvec: the fused FFN needs gate and up of one type");
-    // Threads per team: enough that each thread has ~4 units of K, at least a warp.
-    const int64_t units = a.K / 32;
-    int tpr = 32;
-    while (tpr < kThreads && units / tpr > 4) tpr *= 2;
-    int64_t pairs = 0;
-    if (a.swiglu) pairs = a.part[0].n_out;
+    // K tile: as much of K as fits kTileFloats for all the activation rows, in whole 32-value units.
+    int tile = int(std::min<int64_t>(a.K, kTileFloats / a.n_rows / 32 * 32));
+    int64_t rows = 0;
+    if (a.swiglu) rows = a.part[0].n_out;
     else
-        for (int p = 0; p < a.n_parts; p++) pairs += (a.part[p].n_out + 1) / 2;
-    const int64_t per_block = kThreads / tpr;
-    matvec_kernel<<<unsigned((pairs + per_block - 1) / per_block), kThreads, 0, s>>>(a, tpr);
+        for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
+    const size_t smem = size_t(a.n_rows) * size_t(padded(tile)) * 4;
+    // Variant lever for measurements (MINFER_CUDA_MATVEC="stage,wpr"): by default x is
+    // staged in shared memory and warps per row grow while each lane keeps 4+ units.
+    static int v_stage = -1, v_wpr = 0;
+    if (v_stage < 0) {
+        v_stage = 1;
+        if (const char* e = std::getenv("MINFER_CUDA_MATVEC")) std::sscanf(e, "%d,%d", &v_stage, &v_wpr);
+    }
+    int wpr = 1;
+    if (v_wpr > 0) wpr = std::min(v_wpr, kWarps);
+    else
+        while (wpr < kWarps && a.K / 32 / (32 * wpr * 2) >= 4) wpr *= 2;
+    if (!v_stage) tile = int(a.K);
+    const int64_t rows_per_block = kWarps / wpr;
+    matvec_kernel<<<unsigned((rows + rows_per_block - 1) / rows_per_block), 32 * kWarps, v_stage ? smem : 0, s>>>(
+        a, tile, wpr, v_stage != 0);
     check_launch("matvec");
 }
 
