@@ -60,7 +60,7 @@ def random_weight(name, n, k, rng):
     return t, raw.reshape(n, -1)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 8, 77, 512])
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 77, 512])
 @pytest.mark.parametrize("wtype,n,k", [
     ("q4_k", 1536, 8960), ("q6_k", 8960, 1536), ("q5_k", 896, 4864), ("q5_0", 4864, 896), ("q8_0", 896, 4864),
     ("q4_0", 3584, 3584), ("q4_1", 1536, 576), ("q5_1", 576, 1536), ("f16", 896, 896), ("f32", 256, 1536)])
@@ -71,7 +71,7 @@ def test_matmul_against_float64(rng, wtype, n, k, rows):
     W = dequantize(w, t).reshape(n, k).astype(np.float64)
     ref = x.astype(np.float64) @ W.T
     S = np.abs(x).astype(np.float64) @ np.abs(W).T
-    if rows <= 8:  # matvec: f32 products summed in f32 (gamma_K)
+    if rows <= 4:  # matvec: f32 products summed in f32 (gamma_K)
         bound = 2 * k * U * S
     else:          # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
         bound = (2 * UH + 2 * k * U) * S + 2.0 ** -25 * np.abs(x).sum(1, keepdims=True)

@@ -19,7 +19,7 @@ int64_t row_bytes(uint32_t type, int64_t cols);
 // Several weights ("parts", any types, same K) in one launch: part p writes
 // columns [y_col, y_col + n_out) of y; with swiglu, parts 0 and 1 are gate and
 // up and y[r, o] = silu(gate . x) * (up . x).  x rows 16-byte aligned, K % 32 == 0.
-constexpr int kMatvecMaxRows = 8;
+constexpr int kMatvecMaxRows = 4;
 struct MatvecPart {
     const uint8_t* W = nullptr;
     const float* bias = nullptr;

@@ -8,14 +8,15 @@
 // from L2 once per block instead of once per weight row -- x is 4 bytes a
 // value against ~0.6 for the weights, so re-reading it was the bottleneck),
 // then each lane takes 32-weight units of its row (one block, or one
-// sub-block of a K-quant, read 8 values at a time) and dots them with the
-// staged x.  The staged rows are padded by 4 floats per 32 values so
+// sub-block of a K-quant: decode_unit, wide loads, scales applied once per
+// unit) and dots them with the staged x.  The staged rows are padded by 4 floats per 32 values so
 // the lanes' float4 reads fall in different banks.
 //
 // Several weights ("parts", any types, same K) share one launch: the fused
 // QKV projection writes q, k and v into column windows of one output; the
 // fused FFN computes gate and up rows together and writes silu(gate) * up.
 #include "backends/cuda/dequant.cuh"
+#include "backends/cuda/unit_decode.cuh"
 #include "backends/cuda/kernels.h"
 
 #include <algorithm>
@@ -35,20 +36,22 @@ template <int T>
 __device__ __forceinline__ void unit_dots(const uint8_t* __restrict__ w, int64_t u_first, int u0, int ustep, int units,
                                           const float* xs, int64_t xs_stride, int xs_unit, int n_rows,
                                           float (&acc)[kR]) {
-#pragma unroll 2
     for (int u = u0; u < units; u += ustep) {
+        Unit U;
+        decode_unit<T>(w, u_first + u, U);
 #pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float wv[8];
-            dequant8<T>(w, (u_first + u) * 32 + q * 8, wv);
+        for (int r = 0; r < kR; r++) {
+            if (r < n_rows) {
+                const float4* xr = (const float4*)(xs + r * xs_stride + u * xs_unit);
+                float lo = 0.0f, hi = 0.0f, sx = 0.0f;
 #pragma unroll
-            for (int r = 0; r < kR; r++) {
-                if (r < n_rows) {
-                    const float4* xr = (const float4*)(xs + r * xs_stride + u * xs_unit + q * 8);
-                    const float4 v0 = xr[0], v1 = xr[1];
-                    acc[r] += wv[0] * v0.x + wv[1] * v0.y + wv[2] * v0.z + wv[3] * v0.w + wv[4] * v1.x +
-                              wv[5] * v1.y + wv[6] * v1.z + wv[7] * v1.w;
+                for (int i = 0; i < 8; i++) {
+                    const float4 v = xr[i];
+                    float& s = i < 4 ? lo : hi;
+                    s += U.q[4 * i] * v.x + U.q[4 * i + 1] * v.y + U.q[4 * i + 2] * v.z + U.q[4 * i + 3] * v.w;
+                    if constexpr (unit_has_offset<T>()) sx += (v.x + v.y) + (v.z + v.w);
                 }
+                acc[r] += U.a_lo * lo + U.a_hi * hi - (unit_has_offset<T>() ? U.b * sx : 0.0f);
             }
         }
     }
@@ -66,7 +69,7 @@ __device__ __forceinline__ void unit_dots_any(uint32_t type, const uint8_t* w, i
 }
 
 // wpr warps share a row (each a strided share of its units), 8 / wpr rows per block.
-__global__ void __launch_bounds__(32 * kWarps) matvec_kernel(MatvecArgs a, int tile, int wpr, bool stage) {
+__global__ void __launch_bounds__(32 * kWarps, 3) matvec_kernel(MatvecArgs a, int tile, int wpr, bool stage) {
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[kWarps][2 * kR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % wpr;
@@ -164,10 +167,8 @@ void matvec(const MatvecArgs& a, cudaStream_t s) {
         v_stage = 1;
         if (const char* e = std::getenv("MINFER_CUDA_MATVEC")) std::sscanf(e, "%d,%d", &v_stage, &v_wpr);
     }
-    int wpr = 1;
-    if (v_wpr > 0) wpr = std::min(v_wpr, kWarps);
-    else
-        while (wpr < kWarps && a.K / 32 / (32 * wpr * 2) >= 4) wpr *= 2;
+    // Default: one warp per row (measured best of 1, 2, 4, 8 warps per row; benchmarks/CUDA_NOTES.md).
+    const int wpr = v_wpr > 0 ? std::min(v_wpr, kWarps) : 1;
     if (!v_stage) tile = int(a.K);
     const int64_t rows_per_block = kWarps / wpr;
     matvec_kernel<<<unsigned((rows + rows_per_block - 1) / rows_per_block), 32 * kWarps, v_stage ? smem : 0, s>>>(

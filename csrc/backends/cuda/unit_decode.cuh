@@ -1,0 +1,174 @@
+// Decode's view of a weight row: 32-value units (one block of a 32-value type,
+// or one 32-value sub-block of a K-quant) read with the widest loads their
+// alignment allows, as integer quants plus the unit's affine factors:
+//
+//   w_i = (i < 16 ? a_lo : a_hi) * q_i - b        for i in 0..31
+//
+// so a dot product with x is a_lo * sum_lo(q x) + a_hi * sum_hi(q x) - b * sum(x):
+// the scales are applied once per unit instead of once per weight.  The
+// element-by-element definition is dequant8 (dequant.cuh) and the reference
+// (csrc/quant/dequantize.cpp); tests/test_cuda.py checks matvec against both.
+#pragma once
+#include "backends/cuda/dequant.cuh"
+
+namespace minfer::cuda {
+
+struct Unit {
+    float q[32];
+    float a_lo, a_hi, b;
+};
+
+__device__ __forceinline__ float h2f(uint32_t bits16) { return __half2float(__ushort_as_half(uint16_t(bits16))); }
+
+// 16 consecutive bytes at a 2-byte aligned address, as 4 little-endian words.
+__device__ __forceinline__ void load16_a2(const uint8_t* p, uint32_t* w) {
+    const uint16_t* h = (const uint16_t*)p;
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = uint32_t(h[2 * i]) | uint32_t(h[2 * i + 1]) << 16;
+}
+__device__ __forceinline__ void load16_a16(const uint8_t* p, uint32_t* w) {
+    const uint4 v = *(const uint4*)p;
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+}
+__device__ __forceinline__ void load16_a4(const uint8_t* p, uint32_t* w) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) w[i] = ((const uint32_t*)p)[i];
+}
+__device__ __forceinline__ int byte_at(const uint32_t* w, int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xff); }
+
+// Byte k (0..11) of a K-quant's 12 scale bytes held in three words (k may be a run-time value).
+__device__ __forceinline__ int scale_byte(uint32_t s0, uint32_t s1, uint32_t s2, int k) {
+    const uint32_t w = k < 4 ? s0 : k < 8 ? s1 : s2;
+    return int((w >> (8 * (k % 4))) & 0xff);
+}
+
+template <int T>
+__device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int64_t u, Unit& U) {
+    U.b = 0.0f;
+    if constexpr (T == GGML_TYPE_F32) {
+        const float4* p = (const float4*)(row + u * 128);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 v = p[i];
+            U.q[4 * i] = v.x, U.q[4 * i + 1] = v.y, U.q[4 * i + 2] = v.z, U.q[4 * i + 3] = v.w;
+        }
+        U.a_lo = U.a_hi = 1.0f;
+    } else if constexpr (T == GGML_TYPE_F16) {
+        const uint4* p = (const uint4*)(row + u * 64);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const uint4 v = p[i];
+            const __half2* h = (const __half2*)&v;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                const float2 f = __half22float2(h[k]);
+                U.q[8 * i + 2 * k] = f.x, U.q[8 * i + 2 * k + 1] = f.y;
+            }
+        }
+        U.a_lo = U.a_hi = 1.0f;
+    } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
+        const uint8_t* b = row + u * Block<T>::bytes;
+        uint32_t qs[4];
+        if constexpr (T == GGML_TYPE_Q4_0) {
+            load16_a2(b + 2, qs);
+            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b);
+            U.b = 8.0f * U.a_lo;
+        } else {
+            load16_a4(b + 4, qs);
+            const uint32_t dm = *(const uint32_t*)b;
+            U.a_lo = U.a_hi = h2f(dm);
+            U.b = -h2f(dm >> 16);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int v = byte_at(qs, i);
+            U.q[i] = float(v & 0xf);
+            U.q[i + 16] = float(v >> 4);
+        }
+    } else if constexpr (T == GGML_TYPE_Q5_0 || T == GGML_TYPE_Q5_1) {
+        const uint8_t* b = row + u * Block<T>::bytes;
+        uint32_t qs[4], qh;
+        if constexpr (T == GGML_TYPE_Q5_0) {
+            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b);
+            U.b = 16.0f * U.a_lo;
+            qh = u32_at2(b + 2);
+            load16_a2(b + 6, qs);
+        } else {
+            const uint32_t dm = *(const uint32_t*)b;
+            U.a_lo = U.a_hi = h2f(dm);
+            U.b = -h2f(dm >> 16);
+            qh = *(const uint32_t*)(b + 4);
+            load16_a4(b + 8, qs);
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int v = byte_at(qs, i);
+            U.q[i] = float((v & 0xf) | int((qh >> i) & 1) << 4);
+            U.q[i + 16] = float((v >> 4) | int((qh >> (i + 16)) & 1) << 4);
+        }
+    } else if constexpr (T == GGML_TYPE_Q8_0) {
+        const uint8_t* b = row + u * 34;
+        U.a_lo = U.a_hi = h2f(*(const uint16_t*)b);
+        uint32_t qs[8];
+        load16_a2(b + 2, qs);
+        load16_a2(b + 18, qs + 4);
+#pragma unroll
+        for (int i = 0; i < 32; i++) U.q[i] = float(int8_t(byte_at(qs, i)));
+    } else if constexpr (T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q5_K) {
+        const uint8_t* b = row + (u / 8) * Block<T>::bytes;
+        const int j = int(u % 8);
+        const uint32_t dm = *(const uint32_t*)b;
+        const uint32_t s0 = ((const uint32_t*)b)[1], s1 = ((const uint32_t*)b)[2], s2 = ((const uint32_t*)b)[3];
+        int sc, m;
+        if (j < 4) {
+            sc = scale_byte(s0, s1, s2, j) & 63;
+            m = scale_byte(s0, s1, s2, j + 4) & 63;
+        } else {
+            sc = (scale_byte(s0, s1, s2, j + 4) & 0xf) | ((scale_byte(s0, s1, s2, j - 4) >> 6) << 4);
+            m = (scale_byte(s0, s1, s2, j + 4) >> 4) | ((scale_byte(s0, s1, s2, j) >> 6) << 4);
+        }
+        U.a_lo = U.a_hi = h2f(dm) * float(sc);
+        U.b = h2f(dm >> 16) * float(m);
+        uint32_t qs[8];
+        const uint8_t* qp = b + (T == GGML_TYPE_Q4_K ? 16 : 48) + 32 * (j / 2);
+        load16_a16(qp, qs);
+        load16_a16(qp + 16, qs + 4);
+        const int shift = 4 * (j % 2);
+        if constexpr (T == GGML_TYPE_Q5_K) {
+            uint32_t qh[8];
+            load16_a16(b + 16, qh);
+            load16_a16(b + 32, qh + 4);
+#pragma unroll
+            for (int i = 0; i < 32; i++)
+                U.q[i] = float(((byte_at(qs, i) >> shift) & 0xf) | ((byte_at(qh, i) >> j) & 1) << 4);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 32; i++) U.q[i] = float((byte_at(qs, i) >> shift) & 0xf);
+        }
+    } else if constexpr (T == GGML_TYPE_Q6_K) {
+        const uint8_t* b = row + (u / 8) * 210;
+        const int j = int(u % 8), half = j / 4, k = j % 4;
+        uint32_t ql[8], qh[8];
+        load16_a2(b + half * 64 + (k % 2) * 32, ql);
+        load16_a2(b + half * 64 + (k % 2) * 32 + 16, ql + 4);
+        load16_a2(b + 128 + half * 32, qh);
+        load16_a2(b + 128 + half * 32 + 16, qh + 4);
+        const float d = h2f(*(const uint16_t*)(b + 208));
+        const uint32_t sc = *(const uint16_t*)(b + 192 + 2 * j);  // the two int8 scales of this unit
+        U.a_lo = d * float(int8_t(sc & 0xff));
+        U.a_hi = d * float(int8_t(sc >> 8));
+        U.b = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            const int lo = (byte_at(ql, i) >> (4 * (k / 2))) & 0xf, hi = (byte_at(qh, i) >> (2 * k)) & 3;
+            U.q[i] = float((lo | hi << 4) - 32);
+        }
+    }
+}
+
+// Types whose units have no offset term (b == 0 always): the sum of x is not needed.
+template <int T> constexpr bool unit_has_offset() {
+    return !(T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q6_K);
+}
+
+}  // namespace minfer::cuda
