@@ -109,8 +109,8 @@ class CudaBackend : public Backend {
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
-    std::vector<float*> ascratch_, fscratch_;  // attention partials; f32 staging (aligned x, FFN up)
-    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0;
+    std::vector<float*> ascratch_, fscratch_, kscratch_;  // attention partials; f32 staging; split-K partials
+    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0;
     std::map<uint64_t, cudaGraphExec_t> graphs_;
     std::set<uint64_t> seen_;
     bool graphs_on_ = true, capturing_ = false, failed_ = false;
@@ -209,6 +209,7 @@ CudaBackend::~CudaBackend() {
     for (auto* p : xscratch_) cudaFree(p);
     for (auto* p : ascratch_) cudaFree(p);
     for (auto* p : fscratch_) cudaFree(p);
+    for (auto* p : kscratch_) cudaFree(p);
     cudaFree(arena_);
     cudaFreeHost(err_host_);
     cudaFreeHost(argmax_host_);
@@ -431,9 +432,12 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     cuda::convert_f16(x, ldx, rows, K, xh, stream_);
     for (size_t i = 0; i < parts.size(); i++) {
         const Proj& p = parts[i];
+        const int splits = gemm_splits(rows, p.n_out, K);
+        float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
+                                    : nullptr;
         cuda::dequantize_f16(p.w->type, p.w->p, p.n_out, K, wh, stream_);
-        if (swiglu && i == 1) cuda::gemm_f16(xh, wh, rows, p.n_out, K, up, p.n_out, nullptr, stream_);
-        else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, stream_);
+        if (swiglu && i == 1) cuda::gemm_f16(xh, wh, rows, p.n_out, K, up, p.n_out, nullptr, partial, stream_);
+        else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
     }
     if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
 }
@@ -615,7 +619,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
         throw MinferError(strfmt("cuda_matmul: %zu weight bytes for %lld rows of %lld %s values", w_bytes, (long long)N,
                                  (long long)K, type_traits(type).name));
     DevMem dw(w_bytes), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
-        xh(size_t(rows) * K * 2);
+        xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4);
     check(cudaMemcpy(dw.p, w, w_bytes, cudaMemcpyHostToDevice), "uploading");
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
@@ -633,7 +637,8 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
         } else {
             cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);
             cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);
-            cuda::gemm_f16((const __half*)xh.p, (const __half*)wh.p, rows, N, K, (float*)dy.p, N, nullptr, s);
+            cuda::gemm_f16((const __half*)xh.p, (const __half*)wh.p, rows, N, K, (float*)dy.p, N, nullptr,
+                           (float*)part.p, s);
         }
     };
     run();

@@ -61,9 +61,12 @@ __device__ __forceinline__ void store_tile(__half (*dst)[LDS], const uint4 reg[2
     }
 }
 
+// blockIdx.z takes K range [z * k_len, (z + 1) * k_len); with split K each
+// range writes its own partial [M, N] (y + z * M * N, no bias) for gemm_reduce.
 __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(const __half* __restrict__ A, const __half* __restrict__ B,
-                                                            int64_t M, int64_t N, int64_t K, float* __restrict__ y,
-                                                            int64_t ldy, const float* __restrict__ bias) {
+                                                            int64_t M, int64_t N, int64_t K, int64_t k_len,
+                                                            float* __restrict__ y, int64_t ldy,
+                                                            const float* __restrict__ bias) {
     __shared__ __align__(128) __half As[2][BM][LDS];
     __shared__ __align__(128) __half Bs[2][BN][LDS];
     const int warp = threadIdx.x >> 5, wm = warp / 4, wn = warp % 4;
@@ -75,18 +78,20 @@ __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(const __half* __rest
 #pragma unroll
         for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
 
+    const int64_t kb = int64_t(blockIdx.z) * k_len;
+    if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
     uint4 ra[2], rb[2];
-    load_tile(A, M, K, m0, 0, ra);
-    load_tile(B, N, K, n0, 0, rb);
+    load_tile(A, M, K, m0, kb, ra);
+    load_tile(B, N, K, n0, kb, rb);
     store_tile(As[0], ra);
     store_tile(Bs[0], rb);
     __syncthreads();
-    const int64_t steps = K / BK;
+    const int64_t steps = k_len / BK;
     for (int64_t t = 0; t < steps; t++) {
         const int cur = int(t & 1);
         if (t + 1 < steps) {  // fetch the next K slice while this one is multiplied
-            load_tile(A, M, K, m0, (t + 1) * BK, ra);
-            load_tile(B, N, K, n0, (t + 1) * BK, rb);
+            load_tile(A, M, K, m0, kb + (t + 1) * BK, ra);
+            load_tile(B, N, K, n0, kb + (t + 1) * BK, rb);
         }
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
@@ -126,7 +131,27 @@ __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(const __half* __rest
         }
 }
 
+// y = sum over the splits of the partials (in split order: deterministic) + bias.
+__global__ void gemm_reduce_kernel(const float* __restrict__ part, int splits, int64_t M, int64_t N,
+                                   float* __restrict__ y, int64_t ldy, const float* __restrict__ bias) {
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= M * N) return;
+    float s = bias ? bias[i % N] : 0.0f;
+    for (int z = 0; z < splits; z++) s += part[int64_t(z) * M * N + i];
+    y[(i / N) * ldy + i % N] = s;
+}
+
 }  // namespace
+
+int gemm_splits(int64_t M, int64_t N, int64_t K) {
+    // Small grids (few output tiles, long K) leave SMs idle: split K so there are ~2 blocks per SM.
+    const int64_t tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);
+    int splits = 1;
+    while (splits < 8 && tiles * splits * 2 <= 264 && K % (int64_t(splits) * 2 * BK) == 0 &&
+           K / (splits * 2) >= 512)
+        splits *= 2;
+    return splits;
+}
 
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s) {
     const int64_t n = N * (K / 8);
@@ -147,11 +172,18 @@ void convert_f16(const float* x, int64_t ldx, int64_t M, int64_t K, __half* out,
 }
 
 void gemm_f16(const __half* A, const __half* B, int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
-              const float* bias, cudaStream_t s) {
+              const float* bias, float* partial, cudaStream_t s) {
     if (K % BK) throw MinferError(strfmt("CUDA gemm: K = %lld is not a multiple of %d", (long long)K, BK));
-    const dim3 grid(unsigned((N + BN - 1) / BN), unsigned((M + BM - 1) / BM));
-    gemm_f16_kernel<<<grid, kThreads, 0, s>>>(A, B, M, N, K, y, ldy, bias);
-    check_launch("gemm_f16");
+    const int splits = partial ? gemm_splits(M, N, K) : 1;
+    const dim3 grid(unsigned((N + BN - 1) / BN), unsigned((M + BM - 1) / BM), unsigned(splits));
+    if (splits == 1) {
+        gemm_f16_kernel<<<grid, kThreads, 0, s>>>(A, B, M, N, K, K, y, ldy, bias);
+        return check_launch("gemm_f16");
+    }
+    gemm_f16_kernel<<<grid, kThreads, 0, s>>>(A, B, M, N, K, K / splits, partial, N, nullptr);
+    check_launch("gemm_f16 (split K)");
+    gemm_reduce_kernel<<<unsigned((M * N + 255) / 256), 256, 0, s>>>(partial, splits, M, N, y, ldy, bias);
+    check_launch("gemm_reduce");
 }
 
 }  // namespace minfer::cuda
