@@ -39,11 +39,7 @@ struct MatvecArgs {
     float* y = nullptr;
     int64_t ldy = 0;
 };
-// Quantized weights take matvec_q8 (x rounded to Q8_0 blocks as the CPU does, __dp4a),
-// float weights the f32 kernel; matvec() picks (MINFER_CUDA_MATVEC_F32=1 forces f32).
 void matvec(const MatvecArgs& a, cudaStream_t s);
-bool matvec_q8_takes(uint32_t type);
-void matvec_q8(const MatvecArgs& a, cudaStream_t s);
 
 // Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);

@@ -154,14 +154,6 @@ void matvec(const MatvecArgs& a, cudaStream_t s) {
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 32 || (uintptr_t(a.x) % 16) || a.ldx % 4)
         throw MinferError(strfmt("CUDA matvec: %d rows of width %lld, ld %lld (1..%d rows; width a multiple of 32; "
                                  "16-byte aligned rows)", a.n_rows, (long long)a.K, (long long)a.ldx, kMatvecMaxRows));
-    static int force_f32 = -1;
-    if (force_f32 < 0) {
-        const char* e = std::getenv("MINFER_CUDA_MATVEC_F32");
-        force_f32 = e && *e && std::strcmp(e, "0") != 0;
-    }
-    bool q8 = !force_f32;
-    for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++) q8 = q8 && matvec_q8_takes(a.part[p].type);
-    if (q8) return matvec_q8(a, s);
     // K tile: as much of K as fits kTileFloats for all the activation rows, in whole 32-value units.
     int tile = int(std::min<int64_t>(a.K, kTileFloats / a.n_rows / 32 * 32));
     int64_t rows = 0;
