@@ -33,6 +33,9 @@ LAYOUTS = {
     "1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m",
     "7b": "deepseek-r1-distill-qwen-7b-q4_k_m",
 }
+# "-q8": the same layouts with every quantized matrix in Q8_0 (benchmarks/layout_q8_0.py);
+# anchors.md has no llama.cpp numbers for these, so no ratio is printed for them.
+LAYOUTS.update({k + "-q8": v for k, v in LAYOUTS.items()})
 # llama.cpp b10573 on one H200 (../shared/anchors.md): pp512, pp2048, tg128, tg128 at depth 4096
 LLAMA = {"0.5b": (40.8e3, 43.4e3, 840, 787), "1.5b": (26.4e3, 28.1e3, 533, 503), "7b": (9.8e3, 10.0e3, 263, 250)}
 
@@ -54,7 +57,7 @@ def bench(name: str, reps: int, out: dict) -> None:
     import minfer._minfer as M
     from conftest import layout_model
 
-    path = layout_model(LAYOUTS[name])
+    path = layout_model(LAYOUTS[name], q8_0=name.endswith("-q8"))
     t0 = time.perf_counter()
     model = M.Model(str(path))
     s = M.Session(model, n_ctx=4096 + 256, device="cuda")
@@ -147,7 +150,7 @@ def profile(name: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", default="0.5b,1.5b,7b")
+    ap.add_argument("--models", default="0.5b,1.5b,7b", help="any of 0.5b 1.5b 7b, and the same with -q8")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default="")
     ap.add_argument("--kernels", action="store_true", help="kernel-level matvec/GEMM rates first")
@@ -170,11 +173,11 @@ def main() -> None:
     for name in a.models.split(","):
         bench(name, a.reps, out)
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
-    print(f"{'layout':6} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
+    print(f"{'layout':7} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
           f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9}")
     for name in a.models.split(","):
-        r, l = out[name], LLAMA[name]
-        print(f"{name:6} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
+        r, l = out[name], LLAMA.get(name, (float("nan"),) * 4)
+        print(f"{name:7} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
               f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
               f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "
               f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f}")

@@ -107,21 +107,22 @@ def require_cuda() -> None:
         pytest.skip(f"no CUDA device: {info['reason']}")
 
 
-def layout_model(name: str) -> Path:
+def layout_model(name: str, q8_0: bool = False) -> Path:
     """A full-size model with exactly the layout (types, shapes, metadata) of a real
     one and random weights, made from its header in ../shared/fixtures/layouts by
-    ../shared/tools/make_synthetic_like.py (cached)."""
+    ../shared/tools/make_synthetic_like.py (cached).  q8_0: the same model with every
+    quantized matrix in Q8_0 (benchmarks/layout_q8_0.py)."""
     import subprocess
     import sys
 
     from minfer import hub
 
     header = shared_path("fixtures", "layouts", f"{name}.header.gguf")
-    out = hub.cache_dir().parent / "layouts" / f"{name}.gguf"
+    out = hub.cache_dir().parent / "layouts" / f"{name}{'.q8_0' if q8_0 else ''}.gguf"
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".partial")
-        subprocess.run([sys.executable, str(shared_path("tools", "make_synthetic_like.py")), str(header), str(tmp)],
-                       check=True, capture_output=True)
+        tool = REPO / "benchmarks" / "layout_q8_0.py" if q8_0 else shared_path("tools", "make_synthetic_like.py")
+        subprocess.run([sys.executable, str(tool), str(header), str(tmp)], check=True, capture_output=True)
         tmp.rename(out)
     return out
