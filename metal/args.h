@@ -1,0 +1,41 @@
+// Argument structs of the Metal kernels: bound at [[buffer(0)]] by the host
+// (csrc/backends/metal, Objective-C++) and by the emulator's tests, so both
+// sides agree on one layout (4-byte fields only: no padding questions).
+#pragma once
+#ifndef __METAL_VERSION__
+#if !defined(MSL_EMULATOR)
+#include <cstdint>
+typedef uint32_t uint;
+#endif
+#endif
+
+struct NormArgs {     // RmsNorm (width = cols) and QkNorm (width = head_dim)
+    uint width, x_ld, y_ld;
+    float eps;
+};
+
+enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3 };
+struct EwArgs {
+    uint cols, a_ld, b_ld, y_ld, op;
+};
+
+struct RopeArgs {     // freq[i] = base^(-2i / rope_dim), computed by the host in double
+    uint cols, head_dim, rope_dim, x_ld, y_ld, neox;
+};
+
+struct MatvecArgs {   // y[r, o] = x[r, :K] . W[o, :K] for r < n_rows <= 4, o < N
+    uint K, N, row_bytes, x_ld, y_ld, n_rows;
+};
+
+struct GetRowsArgs {
+    uint K, row_bytes, n_rows_w, y_ld;
+};
+
+struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type 0 = f32, 1 = f16
+    uint dim, n_ctx, k_ld, v_ld, kv_type;
+};
+
+struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type as above
+    uint n_head, n_head_kv, head_dim, n_ctx, q_ld, o_ld, kv_type;
+    float scale;
+};

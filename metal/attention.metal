@@ -1,0 +1,86 @@
+// The KV store and causal GQA attention over the cache (f32 or f16 rows of
+// n_head_kv * head_dim values, one row per position).
+//
+// attention: one threadgroup of 128 threads per (query head, row); the row's
+// visible positions 0..pos are walked in chunks of 128 with an online
+// softmax -- each thread scores one position, the chunk's max and sum are
+// reduced over simdgroups then across them in threadgroup memory, and each
+// thread accumulates output dims d = tid, tid + 128 over the chunk.
+#include <metal_stdlib>
+using namespace metal;
+#include "args.h"
+
+static inline float kv_at(device const uchar* kv, uint kv_type, uint j, uint dim, uint col) {
+    return kv_type == 1 ? float(((device const half*)kv)[j * dim + col]) : ((device const float*)kv)[j * dim + col];
+}
+
+kernel void kv_store(constant KvStoreArgs& a [[buffer(0)]], device const float* k [[buffer(1)]],
+                     device const float* v [[buffer(2)]], device const int* pos [[buffer(3)]],
+                     device uchar* K [[buffer(4)]], device uchar* V [[buffer(5)]],
+                     device atomic_uint* err [[buffer(6)]], uint2 gid [[thread_position_in_grid]]) {
+    const uint i = gid.x, r = gid.y;
+    const int p = pos[r];
+    if (i < a.dim) {
+        if (p < 0 || uint(p) >= a.n_ctx) {
+            if (i == 0) atomic_fetch_or_explicit(err, 2u, memory_order_relaxed);
+        } else if (a.kv_type == 1) {
+            ((device half*)K)[uint(p) * a.dim + i] = half(k[r * a.k_ld + i]);
+            ((device half*)V)[uint(p) * a.dim + i] = half(v[r * a.v_ld + i]);
+        } else {
+            ((device float*)K)[uint(p) * a.dim + i] = k[r * a.k_ld + i];
+            ((device float*)V)[uint(p) * a.dim + i] = v[r * a.v_ld + i];
+        }
+    }
+}
+
+// max (is_max) or sum over the threadgroup: simdgroups first, then their results in order.
+static float tg_reduce(float v, bool is_max, threadgroup float* red, uint lane, uint sg, uint nsg) {
+    v = is_max ? simd_max(v) : simd_sum(v);
+    if (lane == 0) red[sg] = v;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float t = red[0];
+    for (uint s = 1; s < nsg; s++) t = is_max ? max(t, red[s]) : t + red[s];
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // red[] is reused by the next reduction
+    return t;
+}
+
+kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q [[buffer(1)]],
+                      device const int* pos [[buffer(2)]], device const uchar* K [[buffer(3)]],
+                      device const uchar* V [[buffer(4)]], device float* out [[buffer(5)]],
+                      threadgroup float* s [[threadgroup(0)]],      // 128 scores
+                      threadgroup float* red [[threadgroup(1)]],    // one value per simdgroup
+                      uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                      uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
+                      uint nsg [[simdgroups_per_threadgroup]]) {
+    const uint h = tg.x, r = tg.y, hd = a.head_dim, dim = a.n_head_kv * hd;
+    const uint col0 = (h / (a.n_head / a.n_head_kv)) * hd;
+    const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);  // the host checked positions; stay in bounds regardless
+    device const float* qh = q + r * a.q_ld + h * hd;
+    float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
+    for (uint j0 = 0; j0 <= uint(p); j0 += 128) {
+        const uint n = min(128u, uint(p) + 1 - j0);
+        float sc = -INFINITY;
+        if (tid < n) {
+            float dot = 0.0f;
+            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, j0 + tid, dim, col0 + d);
+            sc = dot * a.scale;
+        }
+        const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
+        const float nm = max(m, cm), corr = exp(m - nm);
+        const float e = tid < n ? exp(sc - nm) : 0.0f;
+        s[tid] = e;
+        const float cs = tg_reduce(e, false, red, lane, sg, nsg);  // its barriers publish s[] too
+        l = l * corr + cs;
+        m = nm;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (uint jj = 0; jj < n; jj++) {
+            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid);
+            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid + 128);
+        }
+        o0 = o0 * corr + acc0;
+        o1 = o1 * corr + acc1;
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // s[] is rewritten by the next chunk
+    }
+    if (tid < hd) out[r * a.o_ld + h * hd + tid] = o0 / l;
+    if (tid + 128 < hd) out[r * a.o_ld + h * hd + tid + 128] = o1 / l;
+}

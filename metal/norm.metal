@@ -1,0 +1,31 @@
+// RMSNorm over groups of `width` columns (the whole row for RmsNorm, one head
+// for QkNorm): one threadgroup per (row, group); the sum of squares is reduced
+// over each simdgroup, then the simdgroups' sums in a fixed order, so every
+// thread computes the same scale.
+#include <metal_stdlib>
+using namespace metal;
+#include "args.h"
+
+kernel void rms_norm(constant NormArgs& a          [[buffer(0)]],
+                     device const float* x         [[buffer(1)]],
+                     device const float* w         [[buffer(2)]],
+                     device float* y               [[buffer(3)]],
+                     threadgroup float* partial    [[threadgroup(0)]],
+                     uint2 tg                      [[threadgroup_position_in_grid]],
+                     uint tid                      [[thread_index_in_threadgroup]],
+                     uint ntg                      [[threads_per_threadgroup]],
+                     uint lane                     [[thread_index_in_simdgroup]],
+                     uint sg                       [[simdgroup_index_in_threadgroup]],
+                     uint nsg                      [[simdgroups_per_threadgroup]]) {
+    device const float* xr = x + tg.x * a.x_ld + tg.y * a.width;
+    device float* yr = y + tg.x * a.y_ld + tg.y * a.width;
+    float ss = 0.0f;
+    for (uint i = tid; i < a.width; i += ntg) ss += xr[i] * xr[i];
+    ss = simd_sum(ss);
+    if (lane == 0) partial[sg] = ss;
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    float total = 0.0f;
+    for (uint s = 0; s < nsg; s++) total += partial[s];
+    const float scale = rsqrt(total / float(a.width) + a.eps);
+    for (uint i = tid; i < a.width; i += ntg) yr[i] = xr[i] * scale * w[i];
+}
