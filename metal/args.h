@@ -14,7 +14,7 @@ struct NormArgs {     // RmsNorm (width = cols) and QkNorm (width = head_dim)
     float eps;
 };
 
-enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3 };
+enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3, EW_COPY = 4 };
 struct EwArgs {
     uint cols, a_ld, b_ld, y_ld, op;
 };

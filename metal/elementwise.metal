@@ -1,4 +1,4 @@
-// Elementwise ops over row windows: add, mul, silu, silu(a) * b.  One thread
+// Elementwise ops over row windows: add, mul, silu, silu(a) * b, copy (TailRow).  One thread
 // per element; grid (column blocks, rows).  In place is safe (each thread
 // reads its element before writing it).
 #include <metal_stdlib>
@@ -17,6 +17,7 @@ kernel void elementwise(constant EwArgs& a   [[buffer(0)]],
         if (a.op == EW_ADD) out = v + b[r * a.b_ld + c];
         else if (a.op == EW_MUL) out = v * b[r * a.b_ld + c];
         else if (a.op == EW_SILU) out = v / (1.0f + exp(-v));
+        else if (a.op == EW_COPY) out = v;
         else out = v / (1.0f + exp(-v)) * b[r * a.b_ld + c];
         y[r * a.y_ld + c] = out;
     }

@@ -102,7 +102,7 @@ def test_errors(tiny):
         tiny.generate("", max_tokens=1)
     with pytest.raises(ValueError, match="token ids must be in"):
         tiny.generate([1, 10**9])
-    with pytest.raises(ValueError, match="backend must be 'auto', 'cpu' or 'cuda', got 'gpu'"):
+    with pytest.raises(ValueError, match="backend must be 'auto', 'cpu', 'cuda' or 'metal', got 'gpu'"):
         minfer.LLM(tiny.path, backend="gpu")
     if not minfer.cuda_info()["available"]:  # asking for a GPU that is not there is an error, not the CPU
         with pytest.raises(minfer.MinferError, match="device='cuda': .*(no|CUDA)"):

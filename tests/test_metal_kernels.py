@@ -70,7 +70,7 @@ def test_rms_norm(k, rng, width, cols, threads):
     assert np.abs(y - ref).max() <= 16 * U * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("op", range(4), ids=["add", "mul", "silu", "swiglu"])
+@pytest.mark.parametrize("op", range(5), ids=["add", "mul", "silu", "swiglu", "copy"])
 def test_elementwise(k, rng, op):
     rows, cols = 2, 8960
     a = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
@@ -80,7 +80,7 @@ def test_elementwise(k, rng, op):
                grid=((cols + 255) // 256, rows, 1), tg=(256, 1, 1))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     silu = a64 / (1 + np.exp(-a64))
-    ref = [a64 + b64, a64 * b64, silu, silu * b64][op]
+    ref = [a64 + b64, a64 * b64, silu, silu * b64, a64][op]
     assert np.abs(y - ref).max() <= 4 * U * np.abs(ref).max()
 
 

@@ -11,7 +11,7 @@ void bind_quant(pybind11::module_& m);
 void bind_cpu(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
 void bind_sampling(pybind11::module_& m);
-void bind_cuda(pybind11::module_& m);
+void bind_devices(pybind11::module_& m);
 
 // Raw bytes of a C-contiguous numpy array (error if it is not contiguous).
 struct Bytes {

@@ -49,5 +49,5 @@ PYBIND11_MODULE(_minfer, m) {
     minfer::bind_cpu(m);
     minfer::bind_engine(m);
     minfer::bind_sampling(m);
-    minfer::bind_cuda(m);
+    minfer::bind_devices(m);
 }

@@ -6,6 +6,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_api.h"
+#include "backends/metal/metal_api.h"
 #include "backends/reference/reference_backend.h"
 #include "common/error.h"
 #include "backends/kv_format.h"
@@ -59,10 +60,17 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
         const char* e = std::getenv("MINFER_DEVICE");
         dev = e && *e ? e : "auto";
     }
-    if (dev != "auto" && dev != "cpu" && dev != "cuda")
-        throw MinferError(strfmt("device must be 'auto', 'cpu' or 'cuda', got '%s'", dev.c_str()));
-    bool use_cuda = false;
-    if (dev != "cpu") {
+    if (dev != "auto" && dev != "cpu" && dev != "cuda" && dev != "metal")
+        throw MinferError(strfmt("device must be 'auto', 'cpu', 'cuda' or 'metal', got '%s'", dev.c_str()));
+    bool use_metal = false, use_cuda = false;
+    if (dev == "metal" || dev == "auto") {
+        MetalDeviceInfo info = metal_device_info();
+        if (dev == "metal" && !info.available) throw MinferError("device='metal': " + info.reason);
+        if (info.built && !info.available && dev == "auto" && !env_on("MINFER_DISABLE_METAL"))
+            std::fprintf(stderr, "minfer: Metal is not usable (%s); running without it\n", info.reason.c_str());
+        use_metal = info.available && !env_on("MINFER_DISABLE_METAL");
+    }
+    if (dev == "cuda" || (dev == "auto" && !use_metal)) {
         CudaDeviceInfo info = cuda_device_info();
         std::vector<std::string> missing = info.available ? cuda_unsupported_weights(model_->weights())
                                                           : std::vector<std::string>{};
@@ -78,10 +86,10 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
         }
         use_cuda = info.available && missing.empty();
     }
-    device_ = use_cuda ? "cuda" : "cpu";
+    device_ = use_metal ? "metal" : use_cuda ? "cuda" : "cpu";
     // Refuse a KV cache that cannot fit now, not when the OOM killer notices
     // (on the GPU, the CUDA backend checks weights + KV against free device memory).
-    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");
+    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
     pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
     kv_.type = opts_.kv_type;
     kv_.n_ctx = opts_.n_ctx;
@@ -89,6 +97,10 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
     // Backends in priority order (Metal, CUDA when used, then CPU); the reference
     // backend is always there for forced assignments ("only:reference", tests)
     // and never chosen on its own.
+    if (use_metal) {
+        backends_.push_back(make_metal_backend(&model_->weights()));
+        slots_.push_back({backends_.back().get(), true, true});
+    }
     if (use_cuda) {
         backends_.push_back(make_cuda_backend(&model_->weights(), kv_bytes));
         slots_.push_back({backends_.back().get(), true, true});

@@ -48,8 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat-penalty", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda"],
-                    help="auto: CUDA when a GPU is present (or $MINFER_DEVICE), else the CPU")
+    ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],
+                    help="auto: Metal or CUDA when present (or $MINFER_DEVICE), else the CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
     ap.add_argument("--verbose", "-v", action="store_true", help="log loading and generation details to stderr")
     a = ap.parse_args(argv)

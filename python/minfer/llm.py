@@ -60,8 +60,8 @@ SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "pr
 class LLM:
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "auto", kv_type: str = "f16"):
-        if backend not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"backend must be 'auto', 'cpu' or 'cuda', got {backend!r}")
+        if backend not in ("auto", "cpu", "cuda", "metal"):
+            raise ValueError(f"backend must be 'auto', 'cpu', 'cuda' or 'metal', got {backend!r}")
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)

@@ -1,8 +1,9 @@
-// The CUDA backend from Python: whether it is there (and why not), and the
-// kernel entry points the tests and benchmarks call directly.
+// The GPU backends from Python: whether CUDA and Metal are there (and why
+// not), and the CUDA kernel entry points the tests and benchmarks call directly.
 #include <cstring>
 
 #include "backends/cuda/cuda_api.h"
+#include "backends/metal/metal_api.h"
 #include "common/error.h"
 #include "python/bindings.h"
 
@@ -10,7 +11,17 @@ namespace py = pybind11;
 
 namespace minfer {
 
-void bind_cuda(py::module_& m) {
+void bind_devices(py::module_& m) {
+    m.def("metal_info", [] {
+        MetalDeviceInfo i = metal_device_info();
+        py::dict d;
+        d["built"] = i.built;
+        d["available"] = i.available;
+        d["reason"] = i.reason;
+        d["name"] = i.name;
+        return d;
+    }, "whether this build has the Metal backend and a usable device (and if not, why)");
+
     m.def("cuda_info", [] {
         CudaDeviceInfo i = cuda_device_info();
         py::dict d;

@@ -1,0 +1,507 @@
+// The Metal backend: the Backend contract over one Apple GPU.
+//
+// * One process-wide device state (MetalDevice): the device, a command queue,
+//   the kernel library (minfer.metallib next to the extension, or
+//   $MINFER_METALLIB) and its pipelines, created on first use.
+// * Weights are zero-copy: each mapped GGUF file is wrapped whole with
+//   newBufferWithBytesNoCopy (the mapping is page-aligned and outlives the
+//   buffer) and every weight is registered by name as (buffer, offset); where
+//   the OS refuses, the file is copied into a shared buffer instead.  A read
+//   of one byte per page at load warms the mapping.
+// * Activations live in shared-storage buffers: read_host / write_host are
+//   memcpys through -contents (after the GPU is idle).
+// * execute_node encodes into one compute encoder of one command buffer per
+//   split, with a buffer barrier between dispatches; synchronize commits it
+//   and waits for its completion handler with a bound (MINFER_METAL_TIMEOUT_S,
+//   default 10 s).  A timeout or a command-buffer error names the last
+//   dispatches and leaves the backend refusing work.
+// * Before any dispatch, the shape is checked against the pipeline's and the
+//   device's limits and against the bound buffers' lengths; a violation is an
+//   invariant failure of minfer itself: a loud abort with the numbers, never
+//   a launch that would overrun.
+//
+// Verified on Linux only by type-checking against a stub Metal header and by
+// running the kernels in the MSL emulator (metal/README.md says what a Mac
+// must still confirm).
+#import <Foundation/Foundation.h>
+#import <Metal/Metal.h>
+#include <dispatch/dispatch.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/metal/metal_api.h"
+#include "common/error.h"
+#include "quant/types.h"
+
+// The argument structs shared with metal/*.metal (global, as in the kernels).
+#include "args.h"  // metal/args.h (the metal/ folder is on the include path)
+
+namespace minfer {
+
+namespace {
+
+[[noreturn]] void invariant_failure(const std::string& what) {
+    std::fprintf(stderr, "minfer: Metal invariant violated, refusing to launch: %s\n", what.c_str());
+    std::abort();
+}
+
+std::string ns(NSString* s) { return s ? std::string([s UTF8String]) : std::string(); }
+
+// ---- the process-wide device state -------------------------------------------------
+
+struct MetalDevice {
+    id<MTLDevice> device = nil;
+    id<MTLCommandQueue> queue = nil;
+    id<MTLLibrary> library = nil;
+    std::string error;
+    std::mutex mu;
+    std::map<std::string, id<MTLComputePipelineState>> pipelines;
+
+    static MetalDevice& get() {
+        static MetalDevice d;
+        static std::once_flag once;
+        std::call_once(once, [] { d.init(); });
+        return d;
+    }
+
+    static std::string library_path() {
+        if (const char* p = std::getenv("MINFER_METALLIB")) return p;
+        Dl_info info;
+        if (dladdr((const void*)&metal_device_info, &info) && info.dli_fname) {
+            std::string dir = info.dli_fname;
+            dir = dir.substr(0, dir.rfind('/') + 1);
+            return dir + "minfer.metallib";
+        }
+        return "minfer.metallib";
+    }
+
+    void init() {
+        @autoreleasepool {
+            device = MTLCreateSystemDefaultDevice();
+            if (!device) {
+                error = "no Metal device";
+                return;
+            }
+            queue = [device newCommandQueue];
+            const std::string path = library_path();
+            NSError* err = nil;
+            library = [device newLibraryWithURL:[NSURL fileURLWithPath:[NSString stringWithUTF8String:path.c_str()]]
+                                          error:&err];
+            if (!library)
+                error = "the Metal kernel library " + path + " could not be loaded: " +
+                        ns(err ? [err localizedDescription] : nil);
+        }
+    }
+
+    id<MTLComputePipelineState> pipeline(const std::string& name) {
+        std::lock_guard<std::mutex> lock(mu);
+        auto it = pipelines.find(name);
+        if (it != pipelines.end()) return it->second;
+        id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:name.c_str()]];
+        if (!fn) throw MinferError("Metal: the kernel library has no function '" + name + "'");
+        NSError* err = nil;
+        id<MTLComputePipelineState> p = [device newComputePipelineStateWithFunction:fn error:&err];
+        if (!p)
+            throw MinferError("Metal: building the pipeline for '" + name +
+                              "' failed: " + ns(err ? [err localizedDescription] : nil));
+        pipelines[name] = p;
+        return p;
+    }
+};
+
+// ---- the backend ------------------------------------------------------------------------
+
+struct MetalWeight {
+    id<MTLBuffer> buffer = nil;
+    size_t offset = 0, nbytes = 0;
+    uint32_t type = 0;
+    int64_t rows = 0, cols = 0;
+};
+
+struct Bound {  // a buffer argument of a dispatch: what is bound, and how much of it the kernel may touch
+    id<MTLBuffer> buffer;
+    size_t offset, bytes;
+};
+
+const char* type_suffix(uint32_t t) {
+    switch (t) {
+        case GGML_TYPE_F32: return "f32";
+        case GGML_TYPE_F16: return "f16";
+        case GGML_TYPE_Q4_0: return "q4_0";
+        case GGML_TYPE_Q4_1: return "q4_1";
+        case GGML_TYPE_Q5_0: return "q5_0";
+        case GGML_TYPE_Q5_1: return "q5_1";
+        case GGML_TYPE_Q8_0: return "q8_0";
+        case GGML_TYPE_Q4_K: return "q4_K";
+        case GGML_TYPE_Q5_K: return "q5_K";
+        case GGML_TYPE_Q6_K: return "q6_K";
+        default: return nullptr;
+    }
+}
+
+class MetalBackend : public Backend {
+  public:
+    explicit MetalBackend(const WeightStore* weights);
+    ~MetalBackend() override;
+    const char* name() const override { return "metal"; }
+    bool supports_op(const Node& node) const override;
+    bool supports_fused(Op) const override { return false; }
+    bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
+
+    int alloc_buffer(size_t n_floats) override;
+    void free_buffer(int id) override { bufs_.at(size_t(id)).free = true; }
+    int alloc_fresh(size_t n_floats) override;
+    int alloc_kv(size_t bytes) override;
+    size_t buffer_size(int id) const override { return bufs_.at(size_t(id)).bytes / 4; }
+
+    void execute_node(const Node& node, const ExecArgs& args) override;
+    void read_host(int id, size_t offset, float* dst, size_t n) override;
+    void write_host(int id, size_t offset, const float* src, size_t n) override;
+    void synchronize() override;
+
+  private:
+    struct Buf {
+        id<MTLBuffer> b = nil;
+        size_t bytes = 0;
+        bool free = false;
+    };
+    int add_buffer(size_t bytes, const char* what);
+    Bound at(const BufRef& r, int64_t rows, int64_t cols) const;  // rows x cols floats from r
+    Bound whole(int id) const { return Bound{bufs_.at(size_t(id)).b, 0, bufs_.at(size_t(id)).bytes}; }
+    const MetalWeight& weight(const std::string& name) const;
+    id<MTLComputeCommandEncoder> encoder();
+    void dispatch(const char* kernel, const void* args, size_t args_bytes, const std::vector<Bound>& bufs,
+                  MTLSize grid, MTLSize tg, const std::vector<size_t>& tg_mem = {});
+    void usable() const;
+    [[noreturn]] void fail(const std::string& what);
+    id<MTLBuffer> rope_freqs(int rope_dim, float base);
+
+    MetalDevice& dev_;
+    std::map<std::string, MetalWeight> weights_;
+    std::vector<id<MTLBuffer>> file_buffers_;
+    std::vector<Buf> bufs_;
+    id<MTLBuffer> err_ = nil;  // uint32 error word the kernels set (bad token id, bad position)
+    id<MTLCommandBuffer> cmd_ = nil;
+    id<MTLComputeCommandEncoder> enc_ = nil;
+    std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
+    std::vector<std::string> recent_;
+    size_t recent_at_ = 0;
+    double timeout_s_ = 10.0;
+    bool failed_ = false;
+    std::string failure_;
+};
+
+MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()) {
+    if (!dev_.error.empty()) throw MinferError("Metal: " + dev_.error);
+    if (const char* t = std::getenv("MINFER_METAL_TIMEOUT_S")) {
+        timeout_s_ = std::atof(t);
+        if (!(timeout_s_ > 0)) throw MinferError(strfmt("MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got '%s'", t));
+    }
+    recent_.resize(8);
+    @autoreleasepool {
+        // Zero-copy weights: one no-copy buffer per mapped file, warmed by touching each page.
+        const size_t page = size_t(getpagesize());
+        std::map<const uint8_t*, std::pair<id<MTLBuffer>, const uint8_t*>> by_file;
+        for (const auto& f : weights->gguf().files()) {
+            const uint8_t* base = f->data();
+            const size_t len = (f->size() + page - 1) / page * page;
+            volatile uint8_t sink = 0;
+            for (size_t o = 0; o < f->size(); o += page) sink ^= base[o];
+            (void)sink;
+            id<MTLBuffer> b = nil;
+            if (uintptr_t(base) % page == 0)
+                b = [dev_.device newBufferWithBytesNoCopy:(void*)base length:len
+                                                  options:MTLResourceStorageModeShared deallocator:nil];
+            if (!b)  // not page-aligned (an in-memory model) or refused: copy
+                b = [dev_.device newBufferWithBytes:base length:f->size() options:MTLResourceStorageModeShared];
+            if (!b) throw OutOfMemoryError(strfmt("Metal: could not map or copy %s (%zu bytes)", f->path().c_str(), f->size()));
+            file_buffers_.push_back(b);
+            by_file[base] = {b, base + f->size()};
+        }
+        for (auto& [name, w] : weights->all()) {
+            for (auto& [base, entry] : by_file)
+                if (w.data >= base && w.data + w.nbytes <= entry.second) {
+                    weights_[name] = MetalWeight{entry.first, size_t(w.data - base), w.nbytes, w.type, w.rows(), w.cols()};
+                    break;
+                }
+        }
+        err_ = [dev_.device newBufferWithLength:4 options:MTLResourceStorageModeShared];
+        std::memset([err_ contents], 0, 4);
+    }
+}
+
+MetalBackend::~MetalBackend() {
+    if (cmd_ && !failed_) {
+        try {
+            synchronize();
+        } catch (...) {
+        }
+    }
+}
+
+bool MetalBackend::supports_op(const Node& node) const {
+    auto has = [&](const std::string& w, bool f32_only) {
+        auto it = weights_.find(w);
+        return it != weights_.end() && (f32_only ? it->second.type == GGML_TYPE_F32 : type_suffix(it->second.type) != nullptr);
+    };
+    switch (node.op) {
+        case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+            return true;
+        case Op::RmsNorm: case Op::QkNorm:
+            return has(node.meta.weight, true);
+        case Op::MatMul:
+            return has(node.meta.weight, false) && weights_.at(node.meta.weight).cols % 32 == 0 &&
+                   (node.meta.bias.empty() || has(node.meta.bias, true));
+        case Op::GetRows:
+            return has(node.meta.weight, false);
+        case Op::KvStore: case Op::Attn:  // the q8_0 cache is not written yet
+            return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16) && node.meta.head_dim <= 256;
+        default:
+            return false;
+    }
+}
+
+int MetalBackend::add_buffer(size_t bytes, const char* what) {
+    id<MTLBuffer> b = [dev_.device newBufferWithLength:std::max<size_t>(bytes, 16) options:MTLResourceStorageModeShared];
+    if (!b) throw OutOfMemoryError(strfmt("Metal: %s of %zu bytes could not be allocated", what, bytes));
+    bufs_.push_back(Buf{b, bytes, false});
+    return int(bufs_.size()) - 1;
+}
+
+int MetalBackend::alloc_buffer(size_t n) {
+    for (size_t i = 0; i < bufs_.size(); i++)
+        if (bufs_[i].free && bufs_[i].bytes == n * 4) {
+            bufs_[i].free = false;
+            return int(i);
+        }
+    return alloc_fresh(n);
+}
+
+int MetalBackend::alloc_fresh(size_t n) { return add_buffer(n * 4, "an activation buffer"); }
+
+int MetalBackend::alloc_kv(size_t bytes) {
+    const int id = add_buffer((bytes + 3) / 4 * 4, "a KV cache region");
+    std::memset([bufs_[size_t(id)].b contents], 0, bufs_[size_t(id)].bytes);
+    return id;
+}
+
+Bound MetalBackend::at(const BufRef& r, int64_t rows, int64_t cols) const {
+    const Buf& b = bufs_.at(size_t(r.id));
+    const size_t first = size_t(r.offset) * 4, span = (rows > 0 ? size_t((rows - 1) * r.ld + cols) : 0) * 4;
+    return Bound{b.b, first, span};
+}
+
+const MetalWeight& MetalBackend::weight(const std::string& name) const {
+    auto it = weights_.find(name);
+    if (it == weights_.end()) throw MinferError("Metal: weight '" + name + "' is not registered");
+    return it->second;
+}
+
+void MetalBackend::usable() const {
+    if (failed_) throw MinferError("Metal backend is unusable after an earlier failure: " + failure_);
+}
+
+void MetalBackend::fail(const std::string& what) {
+    failed_ = true;
+    std::string last;
+    for (size_t i = 0; i < recent_.size(); i++) {
+        const std::string& n = recent_[(recent_at_ + i) % recent_.size()];
+        if (!n.empty()) last += (last.empty() ? "" : ", ") + n;
+    }
+    failure_ = what + "; last dispatches: " + (last.empty() ? "(none)" : last);
+    throw MinferError("Metal: " + failure_);
+}
+
+id<MTLComputeCommandEncoder> MetalBackend::encoder() {
+    if (!cmd_) {
+        cmd_ = [dev_.queue commandBuffer];
+        enc_ = [cmd_ computeCommandEncoderWithDispatchType:MTLDispatchTypeSerial];
+    }
+    return enc_;
+}
+
+void MetalBackend::dispatch(const char* kernel, const void* args, size_t args_bytes, const std::vector<Bound>& bufs,
+                            MTLSize grid, MTLSize tg, const std::vector<size_t>& tg_mem) {
+    usable();
+    id<MTLComputePipelineState> p = dev_.pipeline(kernel);
+    const size_t threads = tg.width * tg.height * tg.depth;
+    if (threads == 0 || threads > [p maxTotalThreadsPerThreadgroup])
+        invariant_failure(strfmt("%s: %zu threads per threadgroup (pipeline limit %zu)", kernel, threads,
+                                 size_t([p maxTotalThreadsPerThreadgroup])));
+    size_t tg_total = [p staticThreadgroupMemoryLength];
+    for (size_t m : tg_mem) tg_total += (m + 15) / 16 * 16;
+    if (tg_total > [dev_.device maxThreadgroupMemoryLength])
+        invariant_failure(strfmt("%s: %zu bytes of threadgroup memory (device limit %zu)", kernel, tg_total,
+                                 size_t([dev_.device maxThreadgroupMemoryLength])));
+    for (size_t i = 0; i < bufs.size(); i++)
+        if (bufs[i].offset + bufs[i].bytes > [bufs[i].buffer length])
+            invariant_failure(strfmt("%s: buffer(%zu) window [%zu, %zu) past its length %zu", kernel, i + 1,
+                                     bufs[i].offset, bufs[i].offset + bufs[i].bytes, size_t([bufs[i].buffer length])));
+    id<MTLComputeCommandEncoder> e = encoder();
+    [e setComputePipelineState:p];
+    [e setBytes:args length:args_bytes atIndex:0];
+    for (size_t i = 0; i < bufs.size(); i++) [e setBuffer:bufs[i].buffer offset:bufs[i].offset atIndex:i + 1];
+    for (size_t i = 0; i < tg_mem.size(); i++) [e setThreadgroupMemoryLength:(tg_mem[i] + 15) / 16 * 16 atIndex:i];
+    [e dispatchThreadgroups:grid threadsPerThreadgroup:tg];
+    [e memoryBarrierWithScope:MTLBarrierScopeBuffers];  // the next dispatch may read what this one wrote
+    recent_[recent_at_] = kernel;
+    recent_at_ = (recent_at_ + 1) % recent_.size();
+}
+
+void MetalBackend::synchronize() {
+    usable();
+    if (!cmd_) return;
+    [enc_ endEncoding];
+    dispatch_semaphore_t done = dispatch_semaphore_create(0);
+    [cmd_ addCompletedHandler:^(id<MTLCommandBuffer>) {
+      dispatch_semaphore_signal(done);
+    }];
+    [cmd_ commit];
+    id<MTLCommandBuffer> cmd = cmd_;
+    cmd_ = nil;
+    enc_ = nil;
+    if (dispatch_semaphore_wait(done, dispatch_time(DISPATCH_TIME_NOW, int64_t(timeout_s_ * double(NSEC_PER_SEC)))) != 0)
+        fail(strfmt("the GPU did not finish within %.1f s (MINFER_METAL_TIMEOUT_S)", timeout_s_));
+    if ([cmd status] == MTLCommandBufferStatusError)
+        fail("the command buffer failed: " + ns([[cmd error] localizedDescription]));
+    uint32_t* e = (uint32_t*)[err_ contents];
+    if (*e) {
+        const uint32_t bits = *e;
+        *e = 0;
+        throw MinferError(strfmt("Metal: invalid input found on the device:%s%s",
+                                 bits & 1 ? " a token id is out of range of the embedding" : "",
+                                 bits & 2 ? " a position is outside the KV cache" : ""));
+    }
+}
+
+void MetalBackend::read_host(int id, size_t offset, float* dst, size_t n) {
+    synchronize();  // shared storage: the contents are current once the GPU is idle
+    std::memcpy(dst, (const float*)[bufs_.at(size_t(id)).b contents] + offset, n * 4);
+}
+
+void MetalBackend::write_host(int id, size_t offset, const float* src, size_t n) {
+    synchronize();
+    std::memcpy((float*)[bufs_.at(size_t(id)).b contents] + offset, src, n * 4);
+}
+
+id<MTLBuffer> MetalBackend::rope_freqs(int rope_dim, float base) {
+    auto key = std::make_pair(rope_dim, base);
+    auto it = freqs_.find(key);
+    if (it != freqs_.end()) return it->second;
+    std::vector<float> f(size_t(rope_dim / 2));
+    for (int i = 0; i < rope_dim / 2; i++) f[size_t(i)] = float(std::pow(double(base), -2.0 * i / rope_dim));  // double, as the reference
+    id<MTLBuffer> b = [dev_.device newBufferWithBytes:f.data() length:f.size() * 4 options:MTLResourceStorageModeShared];
+    freqs_[key] = b;
+    return b;
+}
+
+void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
+    usable();
+    const NodeMeta& m = node.meta;
+    const uint rows = uint(node.rows), cols = uint(node.cols);
+    auto in = [&](size_t i, int64_t c) { return at(a.in[i], node.rows, c); };
+    const Bound out = at(a.out, node.rows, node.cols);
+    const Bound err{err_, 0, 4};
+    switch (node.op) {
+        case Op::Input:
+            return;
+        case Op::GetRows: {
+            const MetalWeight& w = weight(m.weight);
+            GetRowsArgs g{uint(w.cols), uint(w.nbytes / size_t(w.rows)), uint(w.rows), uint(a.out.ld)};
+            const std::string k = std::string("get_rows_") + type_suffix(w.type);
+            return dispatch(k.c_str(), &g, sizeof g, {Bound{w.buffer, w.offset, w.nbytes}, in(0, 1), out, err},
+                            MTLSizeMake((w.cols / 8 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
+        }
+        case Op::TailRow: {
+            EwArgs e{cols, uint(a.in[0].ld), uint(a.in[0].ld), uint(a.out.ld), EW_COPY};
+            BufRef src = a.in[0];
+            src.offset += int64_t(m.src_row) * src.ld;
+            const Bound s = at(src, 1, cols);
+            return dispatch("elementwise", &e, sizeof e, {s, s, out}, MTLSizeMake((cols + 255) / 256, 1, 1),
+                            MTLSizeMake(256, 1, 1));
+        }
+        case Op::RmsNorm: case Op::QkNorm: {
+            const uint width = node.op == Op::RmsNorm ? cols : uint(m.head_dim);
+            const MetalWeight& w = weight(m.weight);
+            NormArgs n{width, uint(a.in[0].ld), uint(a.out.ld), m.eps};
+            const uint threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
+            return dispatch("rms_norm", &n, sizeof n, {in(0, cols), Bound{w.buffer, w.offset, width * 4}, out},
+                            MTLSizeMake(rows, cols / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
+        }
+        case Op::MatMul: {
+            const MetalWeight& w = weight(m.weight);
+            const size_t rb = w.nbytes / size_t(w.rows);
+            const std::string k = std::string("matvec_") + type_suffix(w.type);
+            for (uint r0 = 0; r0 < rows; r0 += 4) {  // the single-token tier, 4 rows at a time (multi-token tiers: to do)
+                const uint n = std::min(4u, rows - r0);
+                MatvecArgs mv{uint(w.cols), cols, uint(rb), uint(a.in[0].ld), uint(a.out.ld), n};
+                BufRef x = a.in[0], y = a.out;
+                x.offset += int64_t(r0) * x.ld;
+                y.offset += int64_t(r0) * y.ld;
+                dispatch(k.c_str(), &mv, sizeof mv,
+                         {Bound{w.buffer, w.offset, rb * cols}, at(x, n, w.cols), at(y, n, cols)},
+                         MTLSizeMake((cols + 3) / 4, 1, 1), MTLSizeMake(128, 1, 1));
+            }
+            if (!m.bias.empty()) {
+                const MetalWeight& b = weight(m.bias);
+                EwArgs e{cols, uint(a.out.ld), 0, uint(a.out.ld), EW_ADD};  // b_ld 0: the bias row for every row
+                dispatch("elementwise", &e, sizeof e, {out, Bound{b.buffer, b.offset, cols * 4}, out},
+                         MTLSizeMake((cols + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
+            }
+            return;
+        }
+        case Op::Rope: {
+            RopeArgs r{cols, uint(m.head_dim), uint(m.rope_dim), uint(a.in[0].ld), uint(a.out.ld), m.rope_neox ? 1u : 0u};
+            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base);
+            return dispatch("rope", &r, sizeof r, {in(0, cols), in(1, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out},
+                            MTLSizeMake((cols / 2 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
+        }
+        case Op::KvStore: {
+            const uint dim = uint(m.n_head_kv * m.head_dim);
+            KvStoreArgs k{dim, uint(m.n_ctx), uint(a.in[0].ld), uint(a.in[1].ld), m.kv_type == GGML_TYPE_F16 ? 1u : 0u};
+            return dispatch("kv_store", &k, sizeof k, {in(0, dim), in(1, dim), in(2, 1), whole(a.kv_k), whole(a.kv_v), err},
+                            MTLSizeMake((dim + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
+        }
+        case Op::Attn: {
+            AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
+                       uint(a.out.ld), m.kv_type == GGML_TYPE_F16 ? 1u : 0u, m.attn_scale};
+            return dispatch("attention", &t, sizeof t, {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), out},
+                            MTLSizeMake(uint(m.n_head), rows, 1), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
+        }
+        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU: {
+            const uint op = node.op == Op::Add ? EW_ADD : node.op == Op::Mul ? EW_MUL : node.op == Op::Silu ? EW_SILU : EW_SWIGLU;
+            const bool binary = node.op != Op::Silu;
+            EwArgs e{cols, uint(a.in[0].ld), binary ? uint(a.in[1].ld) : 0u, uint(a.out.ld), op};
+            const Bound b = binary ? in(1, cols) : in(0, cols);
+            return dispatch("elementwise", &e, sizeof e, {in(0, cols), b, out}, MTLSizeMake((cols + 255) / 256, rows, 1),
+                            MTLSizeMake(256, 1, 1));
+        }
+        default:
+            throw MinferError(strfmt("Metal backend cannot execute node '%s' (op %s)", node.name.c_str(), op_name(node.op)));
+    }
+}
+
+}  // namespace
+
+MetalDeviceInfo metal_device_info() {
+    MetalDeviceInfo info;
+    info.built = true;
+    MetalDevice& d = MetalDevice::get();
+    info.available = d.error.empty();
+    info.reason = d.error;
+    if (d.device) info.name = ns([d.device name]);
+    return info;
+}
+
+std::unique_ptr<Backend> make_metal_backend(const WeightStore* weights) { return std::make_unique<MetalBackend>(weights); }
+
+}  // namespace minfer
