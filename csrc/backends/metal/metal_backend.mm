@@ -106,6 +106,7 @@ struct MetalDevice {
         std::lock_guard<std::mutex> lock(mu);
         auto it = pipelines.find(name);
         if (it != pipelines.end()) return it->second;
+        @autoreleasepool {
         id<MTLFunction> fn = [library newFunctionWithName:[NSString stringWithUTF8String:name.c_str()]];
         if (!fn) throw MinferError("Metal: the kernel library has no function '" + name + "'");
         NSError* err = nil;
@@ -115,6 +116,7 @@ struct MetalDevice {
                               "' failed: " + ns(err ? [err localizedDescription] : nil));
         pipelines[name] = p;
         return p;
+        }
     }
 };
 
@@ -195,6 +197,7 @@ class MetalBackend : public Backend {
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
     std::vector<std::string> recent_;
     size_t recent_at_ = 0;
+    std::vector<Op> cpu_ops_;  // MINFER_METAL_CPU_OPS: ops left to the CPU (mixed graphs)
     double timeout_s_ = 10.0;
     bool failed_ = false;
     std::string failure_;
@@ -205,6 +208,19 @@ MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()
     if (const char* t = std::getenv("MINFER_METAL_TIMEOUT_S")) {
         timeout_s_ = std::atof(t);
         if (!(timeout_s_ > 0)) throw MinferError(strfmt("MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got '%s'", t));
+    }
+    if (const char* ops = std::getenv("MINFER_METAL_CPU_OPS")) {
+        std::string list = ops;
+        for (size_t at = 0; at <= list.size();) {
+            const size_t end = std::min(list.find(',', at), list.size());
+            const std::string tok = list.substr(at, end - at);
+            at = end + 1;
+            if (tok.empty()) continue;
+            bool found = false;
+            for (size_t i = 0; i < size_t(Op::Count); i++)
+                if (tok == op_name(Op(i))) cpu_ops_.push_back(Op(i)), found = true;
+            if (!found) throw MinferError("MINFER_METAL_CPU_OPS: unknown op '" + tok + "'");
+        }
     }
     recent_.resize(8);
     @autoreleasepool {
@@ -253,6 +269,8 @@ bool MetalBackend::supports_op(const Node& node) const {
         auto it = weights_.find(w);
         return it != weights_.end() && (f32_only ? it->second.type == GGML_TYPE_F32 : type_suffix(it->second.type) != nullptr);
     };
+    for (Op o : cpu_ops_)
+        if (o == node.op) return false;
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
@@ -346,6 +364,7 @@ void MetalBackend::dispatch(const char* kernel, const void* args, size_t args_by
         if (bufs[i].offset + bufs[i].bytes > [bufs[i].buffer length])
             invariant_failure(strfmt("%s: buffer(%zu) window [%zu, %zu) past its length %zu", kernel, i + 1,
                                      bufs[i].offset, bufs[i].offset + bufs[i].bytes, size_t([bufs[i].buffer length])));
+    @autoreleasepool {
     id<MTLComputeCommandEncoder> e = encoder();
     [e setComputePipelineState:p];
     [e setBytes:args length:args_bytes atIndex:0];
@@ -353,6 +372,7 @@ void MetalBackend::dispatch(const char* kernel, const void* args, size_t args_by
     for (size_t i = 0; i < tg_mem.size(); i++) [e setThreadgroupMemoryLength:(tg_mem[i] + 15) / 16 * 16 atIndex:i];
     [e dispatchThreadgroups:grid threadsPerThreadgroup:tg];
     [e memoryBarrierWithScope:MTLBarrierScopeBuffers];  // the next dispatch may read what this one wrote
+    }
     recent_[recent_at_] = kernel;
     recent_at_ = (recent_at_ + 1) % recent_.size();
 }
@@ -360,6 +380,7 @@ void MetalBackend::dispatch(const char* kernel, const void* args, size_t args_by
 void MetalBackend::synchronize() {
     usable();
     if (!cmd_) return;
+    @autoreleasepool {
     [enc_ endEncoding];
     dispatch_semaphore_t done = dispatch_semaphore_create(0);
     [cmd_ addCompletedHandler:^(id<MTLCommandBuffer>) {
@@ -373,6 +394,7 @@ void MetalBackend::synchronize() {
         fail(strfmt("the GPU did not finish within %.1f s (MINFER_METAL_TIMEOUT_S)", timeout_s_));
     if ([cmd status] == MTLCommandBufferStatusError)
         fail("the command buffer failed: " + ns([[cmd error] localizedDescription]));
+    }
     uint32_t* e = (uint32_t*)[err_ contents];
     if (*e) {
         const uint32_t bits = *e;

@@ -1,0 +1,71 @@
+// A whole forward pass through the real Metal host code on the mock device
+// (tests/test_metal_mock.py builds this with csrc/ and tests/metal_mock/).
+//
+//   metal_forward MODEL.gguf      prints, per line: "<name> max_abs_diff <d> scale <s> splits <n>"
+//
+// The Metal session and a CPU session evaluate the same prompt (every
+// position's logits) and three decode steps (fixed tokens 3, 200, 64); the line reports the
+// largest logit difference, the logits' scale and the decode plan's split
+// count.  MINFER_METAL_CPU_OPS (set by the test) moves ops to the CPU;
+// METAL_FORWARD_DUMP / METAL_FORWARD_CPU_DUMP=path write each session's logits there.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "runtime/session.h"
+
+using namespace minfer;
+
+int main(int argc, char** argv) {
+    if (argc < 2) return 2;
+    try {
+        auto model = Model::load(argv[1]);
+        const int V = model->config().n_vocab;
+        SessionOptions mo, co;
+        mo.device = "metal";
+        co.device = "cpu";
+        mo.n_ctx = co.n_ctx = 64;
+        mo.n_threads = co.n_threads = 1;
+        Session metal(model, mo), cpu(model, co);
+        if (metal.device() != "metal") {
+            std::printf("error: session runs on %s\n", metal.device().c_str());
+            return 1;
+        }
+        std::vector<int32_t> prompt = {1, 17, 42, 5, 99, 23, 7};
+        const int n = int(prompt.size());
+        std::vector<float> a(size_t(n) * V), b(size_t(n) * V);
+        metal.eval(prompt.data(), n, 0, true, a.data());
+        cpu.eval(prompt.data(), n, 0, true, b.data());
+        const int decode[3] = {3, 200, 64};  // fixed, so an independent reference can follow
+        int tok = 0;
+        for (int step = 0; step < 3; step++) {
+            tok = decode[step];
+            std::vector<float> x(static_cast<size_t>(V)), y(static_cast<size_t>(V));
+            metal.eval(&tok, 1, n + step, false, x.data());
+            cpu.eval(&tok, 1, n + step, false, y.data());
+            a.insert(a.end(), x.begin(), x.end());
+            b.insert(b.end(), y.begin(), y.end());
+        }
+        double d = 0, s = 0;
+        for (size_t i = 0; i < a.size(); i++) {
+            d = std::fmax(d, std::fabs(double(a[i]) - b[i]));
+            s = std::fmax(s, std::fabs(double(b[i])));
+        }
+        auto dump = [](const char* var, const std::vector<float>& v) {  // logits, raw f32
+            if (const char* path = std::getenv(var))
+                if (FILE* f = std::fopen(path, "wb")) {
+                    std::fwrite(v.data(), 4, v.size(), f);
+                    std::fclose(f);
+                }
+        };
+        dump("METAL_FORWARD_DUMP", a);
+        dump("METAL_FORWARD_CPU_DUMP", b);
+        std::printf("max_abs_diff %.6g scale %.6g splits %zu greedy %d\n", d, s, metal.plan(1, false).splits().size(),
+                    metal.eval_greedy(&tok, 1, n + 3));
+        return 0;
+    } catch (const std::exception& e) {
+        std::printf("error: %s\n", e.what());
+        return 1;
+    }
+}
