@@ -27,6 +27,10 @@ struct MatvecArgs {   // y[r, o] = x[r, :K] . W[o, :K] for r < n_rows <= 4, o < 
     uint K, N, row_bytes, x_ld, y_ld, n_rows;
 };
 
+struct MatmulArgs {   // y[m, n] = x[m, :K] . W[n, :K] for m < M, n < N (the simdgroup-matrix tier)
+    uint K, N, M, row_bytes, x_ld, y_ld;
+};
+
 struct GetRowsArgs {
     uint K, row_bytes, n_rows_w, y_ld;
 };

@@ -126,6 +126,20 @@ def test_matvec(k, rng, wtype, kk, n_rows):
     assert np.all(np.abs(y - ref) <= bound + 1e-30), np.abs(y - ref).max()
 
 
+@pytest.mark.parametrize("wtype,kk", [("q4_K", 512), ("q6_K", 256), ("q8_0", 896), ("q5_1", 576), ("f16", 128)])
+def test_matmul_simdgroup_tier(k, rng, wtype, kk):
+    m, n = 37, 72  # partial tiles in both directions: 2 x 2 threadgroups of a 32 x 64 tile
+    t, w = random_weight(wtype, n, kk, rng)
+    x = rng.standard_normal((m, kk)).astype(np.float32)
+    y = np.full((m, n), np.nan, np.float32)
+    k.dispatch(f"matmul_mm_{wtype}", {0: pack("IIIIII", kk, n, m, w.shape[1], kk, n), 1: w, 2: x, 3: y},
+               grid=(2, 2, 1), tg=(128, 1, 1), tg_bytes={0: 64 * 32 * 4, 1: 32 * 32 * 4, 2: 32 * 64 * 4})
+    W = dequantize(w, t).reshape(n, kk).astype(np.float64)
+    ref = x.astype(np.float64) @ W.T
+    bound = 2 * kk * U * (np.abs(x).astype(np.float64) @ np.abs(W).T)
+    assert np.all(np.abs(y - ref) <= bound + 1e-30), np.abs(y - ref).max()
+
+
 @pytest.mark.parametrize("wtype", ["q8_0", "q4_K", "q6_K", "q5_0", "f16"])
 def test_get_rows_is_exact(k, rng, wtype):
     n, kk = 64, 896 if wtype != "q4_K" and wtype != "q6_K" else 1536

@@ -462,8 +462,15 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::MatMul: {
             const MetalWeight& w = weight(m.weight);
             const size_t rb = w.nbytes / size_t(w.rows);
+            if (rows > 4) {  // the simdgroup-matrix tier: 32 x 64 output tiles
+                MatmulArgs mm{uint(w.cols), cols, rows, uint(rb), uint(a.in[0].ld), uint(a.out.ld)};
+                const std::string k = std::string("matmul_mm_") + type_suffix(w.type);
+                dispatch(k.c_str(), &mm, sizeof mm, {Bound{w.buffer, w.offset, rb * cols}, in(0, w.cols), out},
+                         MTLSizeMake((cols + 63) / 64, (rows + 31) / 32, 1), MTLSizeMake(128, 1, 1),
+                         {64 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4});
+            }
             const std::string k = std::string("matvec_") + type_suffix(w.type);
-            for (uint r0 = 0; r0 < rows; r0 += 4) {  // the single-token tier, 4 rows at a time (multi-token tiers: to do)
+            for (uint r0 = 0; rows <= 4 && r0 < rows; r0 += 4) {  // the single-token tier (decode)
                 const uint n = std::min(4u, rows - r0);
                 MatvecArgs mv{uint(w.cols), cols, uint(rb), uint(a.in[0].ld), uint(a.out.ld), n};
                 BufRef x = a.in[0], y = a.out;
