@@ -35,7 +35,7 @@ struct GetRowsArgs {
     uint K, row_bytes, n_rows_w, y_ld;
 };
 
-struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type 0 = f32, 1 = f16
+struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type: ggml's id (F32 0, F16 1, Q8_0 8)
     uint dim, n_ctx, k_ld, v_ld, kv_type;
 };
 

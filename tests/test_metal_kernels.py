@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import msl_harness as H
-from minfer.quants import dequantize
+from minfer.quants import dequantize, quantize_act
 
 U = 2.0 ** -24
 REPO = Path(__file__).resolve().parent.parent
@@ -159,13 +159,13 @@ def test_get_rows_is_exact(k, rng, wtype):
 
 # ---- the KV store and attention --------------------------------------------------------------------
 
-@pytest.mark.parametrize("kv_type", [0, 1], ids=["f32", "f16"])
+@pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("rows,first", [(1, 260), (5, 20)], ids=["decode", "prefill"])
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])
 def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv, head_dim):
     n_ctx, dim = 300, n_head_kv * head_dim
-    esize = 2 if kv_type else 4
-    K = np.zeros(n_ctx * dim * esize, np.uint8)
+    row_bytes = {0: 4 * dim, 1: 2 * dim, 8: dim // 32 * 34}[kv_type]
+    K = np.zeros(n_ctx * row_bytes, np.uint8)
     V = np.zeros_like(K)
     # positions before `first` hold earlier tokens' rows (written by an earlier store)
     hist_k = rng.standard_normal((first, dim)).astype(np.float32)
@@ -186,11 +186,15 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
     k.dispatch("attention", {0: pack("IIIIIIIf", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
                                      n_head * head_dim, kv_type, scale), 1: q, 2: pos, 3: K, 4: V, 5: out},
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
-    cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))
+    if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
+        cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
+        stored = np.stack([dequantize(K[j * row_bytes:(j + 1) * row_bytes], 8) for j in range(first + rows)])
+    else:
+        cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))  # noqa: E731
+        stored = K.view(np.float16 if kv_type else np.float32).reshape(n_ctx, dim)[: first + rows]
     Kc = cast(np.concatenate([hist_k, kn]))
     Vc = cast(np.concatenate([hist_v, vn]))
-    stored = K.view(np.float16 if kv_type else np.float32).reshape(n_ctx, dim)[: first + rows].astype(np.float64)
-    assert np.array_equal(stored, Kc)  # the store wrote exactly the rounded rows at their positions
+    assert np.array_equal(stored.astype(np.float64), Kc)  # the store wrote exactly the rounded rows at their positions
     g = n_head // n_head_kv
     ref = np.zeros((rows, n_head * head_dim))
     for r in range(rows):
@@ -200,6 +204,17 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
             p = np.exp(s - s.max())
             ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vc[: pos[r] + 1, cs]
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+def test_argmax(k, rng):
+    for n, plant in ((151936, None), (151936, (5, 90000)), (1000, (0, 999))):
+        x = rng.standard_normal(n).astype(np.float32)
+        if plant:  # a tie between two positions: the first wins, as numpy's argmax
+            x[list(plant)] = x.max() + 1
+        out = np.full(1, -1, np.int32)
+        k.dispatch("argmax", {0: pack("I", n), 1: x, 2: out}, grid=(1, 1, 1), tg=(1024, 1, 1),
+                   tg_bytes={0: 128, 1: 128})
+        assert out[0] == np.argmax(x)
 
 
 def test_results_do_not_depend_on_thread_order(k, rng):

@@ -61,6 +61,18 @@ int main(int argc, char** argv) {
         };
         dump("METAL_FORWARD_DUMP", a);
         dump("METAL_FORWARD_CPU_DUMP", b);
+        {  // greedy on the device must be the argmax of the logits
+            std::vector<float> z(static_cast<size_t>(V));
+            int t2 = 11;
+            metal.eval(&t2, 1, n + 3, false, z.data());
+            int best = 0;
+            for (int i = 1; i < V; i++)
+                if (z[size_t(i)] > z[size_t(best)]) best = i;
+            if (metal.eval_greedy(&t2, 1, n + 3) != best) {
+                std::printf("error: eval_greedy %d, argmax of eval %d\n", metal.eval_greedy(&t2, 1, n + 3), best);
+                return 1;
+            }
+        }
         std::printf("max_abs_diff %.6g scale %.6g splits %zu greedy %d\n", d, s, metal.plan(1, false).splits().size(),
                     metal.eval_greedy(&tok, 1, n + 3));
         return 0;

@@ -169,6 +169,7 @@ class MetalBackend : public Backend {
     void read_host(int id, size_t offset, float* dst, size_t n) override;
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
+    int argmax(int id, size_t offset, size_t n) override;
 
   private:
     struct Buf {
@@ -192,6 +193,7 @@ class MetalBackend : public Backend {
     std::vector<id<MTLBuffer>> file_buffers_;
     std::vector<Buf> bufs_;
     id<MTLBuffer> err_ = nil;  // uint32 error word the kernels set (bad token id, bad position)
+    id<MTLBuffer> token_ = nil;  // the argmax kernel's int result
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
@@ -252,6 +254,7 @@ MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()
         }
         err_ = [dev_.device newBufferWithLength:4 options:MTLResourceStorageModeShared];
         std::memset([err_ contents], 0, 4);
+        token_ = [dev_.device newBufferWithLength:4 options:MTLResourceStorageModeShared];
     }
 }
 
@@ -281,8 +284,10 @@ bool MetalBackend::supports_op(const Node& node) const {
                    (node.meta.bias.empty() || has(node.meta.bias, true));
         case Op::GetRows:
             return has(node.meta.weight, false);
-        case Op::KvStore: case Op::Attn:  // the q8_0 cache is not written yet
-            return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16) && node.meta.head_dim <= 256;
+        case Op::KvStore: case Op::Attn:
+            return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
+                    (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
+                   node.meta.head_dim <= 256;
         default:
             return false;
     }
@@ -410,6 +415,14 @@ void MetalBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     std::memcpy(dst, (const float*)[bufs_.at(size_t(id)).b contents] + offset, n * 4);
 }
 
+int MetalBackend::argmax(int id, size_t offset, size_t n) {
+    const uint count = uint(n);
+    dispatch("argmax", &count, sizeof count, {Bound{bufs_.at(size_t(id)).b, offset * 4, n * 4}, Bound{token_, 0, 4}},
+             MTLSizeMake(1, 1, 1), MTLSizeMake(1024, 1, 1), {32 * 4, 32 * 4});
+    synchronize();
+    return *(const int*)[token_ contents];
+}
+
 void MetalBackend::write_host(int id, size_t offset, const float* src, size_t n) {
     synchronize();
     std::memcpy((float*)[bufs_.at(size_t(id)).b contents] + offset, src, n * 4);
@@ -496,13 +509,13 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::KvStore: {
             const uint dim = uint(m.n_head_kv * m.head_dim);
-            KvStoreArgs k{dim, uint(m.n_ctx), uint(a.in[0].ld), uint(a.in[1].ld), m.kv_type == GGML_TYPE_F16 ? 1u : 0u};
+            KvStoreArgs k{dim, uint(m.n_ctx), uint(a.in[0].ld), uint(a.in[1].ld), uint(m.kv_type)};
             return dispatch("kv_store", &k, sizeof k, {in(0, dim), in(1, dim), in(2, 1), whole(a.kv_k), whole(a.kv_v), err},
                             MTLSizeMake((dim + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
         case Op::Attn: {
             AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
-                       uint(a.out.ld), m.kv_type == GGML_TYPE_F16 ? 1u : 0u, m.attn_scale};
+                       uint(a.out.ld), uint(m.kv_type), m.attn_scale};
             return dispatch("attention", &t, sizeof t, {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), out},
                             MTLSizeMake(uint(m.n_head), rows, 1), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
         }
