@@ -70,7 +70,8 @@ def read_header(path: str):
     for _ in range(n_tensors):
         name, nd = r.string(), r.take("I")
         dims = [r.take("Q") for _ in range(nd)]
-        ttype, _offset = r.take("I"), r.take("Q")
+        ttype = r.take("I")
+        r.take("Q")  # the old offset: recomputed below
         tensors.append((name, dims, ttype))
     return version, n_kv, kv_bytes, alignment, tensors
 

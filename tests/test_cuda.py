@@ -15,12 +15,12 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import minfer
+from backend_compare import check_elementwise, check_rope, close, run_both
 from conftest import layout_model, require_cuda, synthetic_model
 from minfer.quants import dequantize
 
@@ -98,17 +98,7 @@ def qwen3():
 
 
 def both(sess, inputs, nodes):
-    gpu = sess.run_ops("cuda", inputs, nodes)
-    ref = sess.run_ops("reference", inputs, nodes)
-    for i, a in enumerate(gpu[len(inputs):]):
-        if nodes[i]["op"] != "KvStore":
-            assert np.all(np.isfinite(a)), f"{nodes[i]['op']}: unwritten (poisoned) or non-finite outputs"
-    return gpu[-1], ref[-1]
-
-
-def close(gpu, ref, rel):
-    scale = max(float(np.abs(ref).max()), 1e-30)
-    assert np.abs(gpu - ref).max() <= rel * scale, (np.abs(gpu - ref).max(), scale)
+    return run_both(sess, inputs, nodes, "cuda")
 
 
 def test_rmsnorm(q15, rng):
@@ -130,25 +120,12 @@ def test_qknorm(qwen3, rng):
 
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 64), (True, 64, 32), (False, 128, 64)])
 def test_rope(q15, rng, neox, head_dim, rope_dim):
-    m, s = q15
-    n, heads = 7, 12
-    x = rng.standard_normal((n, heads * head_dim)).astype(np.float32)
-    pos = rng.integers(0, 30000, size=(n, 1)).astype(np.int32)
-    gpu, ref = both(s, [x, pos], [dict(op="Rope", inputs=[0, 1], rows=n, cols=heads * head_dim,
-                                       meta=dict(head_dim=head_dim, rope_dim=rope_dim, rope_base=1e6, rope_neox=neox))])
-    close(gpu, ref, 16 * U)
-    tail = gpu.reshape(n, heads, head_dim)[..., rope_dim:]
-    assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])
+    check_rope(q15[1], "cuda", rng, neox, head_dim, rope_dim)
 
 
 @pytest.mark.parametrize("op", ["Add", "Mul", "Silu", "SwiGLU"])
 def test_elementwise(q15, rng, op):
-    m, s = q15
-    a = (rng.standard_normal((4, 8960)) * 4).astype(np.float32)
-    b = rng.standard_normal((4, 8960)).astype(np.float32)
-    ins = [0] if op == "Silu" else [0, 1]
-    gpu, ref = both(s, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960)])
-    close(gpu, ref, 4 * U)
+    check_elementwise(q15[1], "cuda", rng, op)
 
 
 def test_getrows_and_tailrow(q15, rng):
@@ -275,54 +252,42 @@ def test_greedy_on_device_matches_host_argmax(q05_model, rng):
         assert s.eval_greedy(toks, start) == int(np.argmax(logits[-1]))
 
 
-def test_graph_replay_is_exact(q05_model, rng):
+def test_graph_replay_is_exact(q05_model, rng, monkeypatch):
     """Replayed decode steps compute exactly what launching each kernel computes."""
     prompt = rng.integers(0, 151936, size=9).astype(np.int32)
     with_graphs, _ = forward(q05_model, "cuda", prompt, 12)
-    os.environ["MINFER_CUDA_GRAPHS"] = "0"
-    try:
-        without, _ = forward(q05_model, "cuda", prompt, 12)
-    finally:
-        del os.environ["MINFER_CUDA_GRAPHS"]
+    monkeypatch.setenv("MINFER_CUDA_GRAPHS", "0")
+    without, _ = forward(q05_model, "cuda", prompt, 12)
     assert np.array_equal(with_graphs, without)
 
 
-def test_mixed_graph_splits(q05_model, rng):
+def test_mixed_graph_splits(q05_model, rng, monkeypatch):
     """Ops forced to the CPU (MINFER_CUDA_CPU_OPS): the plan alternates devices and
     copies across at each split, and the logits still match the all-GPU run
     (the moved ops are exact elementwise ops and rope, so only f32 rounding differs)."""
     prompt = rng.integers(0, 151936, size=12).astype(np.int32)
     ref, _ = forward(q05_model, "cuda", prompt, 4)
-    os.environ["MINFER_CUDA_CPU_OPS"] = "Rope,Add"
-    try:
-        mixed, s = forward(q05_model, "cuda", prompt, 4)
-        splits = s.plan(1).splits
-    finally:
-        del os.environ["MINFER_CUDA_CPU_OPS"]
+    monkeypatch.setenv("MINFER_CUDA_CPU_OPS", "Rope,Add")
+    mixed, s = forward(q05_model, "cuda", prompt, 4)
+    splits = s.plan(1).splits
     backends = {sp["backend"] for sp in splits}
     assert backends == {0, 1} and len(splits) > 50, splits[:4]
     scale = np.abs(ref).max()
     assert np.abs(mixed - ref).max() <= 1e-3 * scale
 
 
-def test_unknown_cpu_op_lever_is_an_error(q05_model):
-    os.environ["MINFER_CUDA_CPU_OPS"] = "Rop"
-    try:
-        with pytest.raises(minfer.MinferError, match="unknown op 'Rop'"):
-            M.Session(q05_model, device="cuda")
-    finally:
-        del os.environ["MINFER_CUDA_CPU_OPS"]
+def test_unknown_cpu_op_lever_is_an_error(q05_model, monkeypatch):
+    monkeypatch.setenv("MINFER_CUDA_CPU_OPS", "Rop")
+    with pytest.raises(minfer.MinferError, match="unknown op 'Rop'"):
+        M.Session(q05_model, device="cuda")
 
 
-def test_wait_is_bounded(q05_model):
+def test_wait_is_bounded(q05_model, monkeypatch):
     """A wait that outlasts MINFER_GPU_TIMEOUT_S is an exception (here the wait
     for the 0.5 GB weight upload, which cannot finish within a microsecond)."""
-    os.environ["MINFER_GPU_TIMEOUT_S"] = "0.000001"
-    try:
-        with pytest.raises(minfer.MinferError, match="did not finish within 0.0 s"):
-            M.Session(q05_model, device="cuda")
-    finally:
-        del os.environ["MINFER_GPU_TIMEOUT_S"]
+    monkeypatch.setenv("MINFER_GPU_TIMEOUT_S", "0.000001")
+    with pytest.raises(minfer.MinferError, match="did not finish within 0.0 s"):
+        M.Session(q05_model, device="cuda")
 
 
 # ---- compute-sanitizer on a decode step ---------------------------------------------------------

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import minfer
+from backend_compare import check_elementwise, check_rope, close, run_both
 from conftest import real_model, synthetic_model
 from minfer.quants import dequantize, quantize_act, type_info, vec_dot_type
 
@@ -42,17 +43,7 @@ def qwen3():
 
 
 def both(sess, inputs, nodes):
-    cpu = sess.run_ops("cpu", inputs, nodes)
-    ref = sess.run_ops("reference", inputs, nodes)
-    for i, a in enumerate(cpu[len(inputs):]):
-        if nodes[i]["op"] != "KvStore":
-            assert np.all(np.isfinite(a)), f"{nodes[i]['op']}: unwritten (poisoned) or non-finite outputs"
-    return cpu[-1], ref[-1]
-
-
-def close(cpu, ref, rel):
-    scale = max(float(np.abs(ref).max()), 1e-30)
-    assert np.abs(cpu - ref).max() <= rel * scale, (np.abs(cpu - ref).max(), scale)
+    return run_both(sess, inputs, nodes, "cpu")
 
 
 def test_rmsnorm(q15, rng):
@@ -74,26 +65,12 @@ def test_qknorm(qwen3, rng):
 
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 64), (True, 64, 32)])
 def test_rope(q15, rng, neox, head_dim, rope_dim):
-    m, s = q15
-    n, heads = 7, 12
-    x = rng.standard_normal((n, heads * head_dim)).astype(np.float32)
-    pos = rng.integers(0, 30000, size=(n, 1)).astype(np.int32)
-    cpu, ref = both(s, [x, pos], [dict(op="Rope", inputs=[0, 1], rows=n, cols=heads * head_dim,
-                                       meta=dict(head_dim=head_dim, rope_dim=rope_dim, rope_base=1e6, rope_neox=neox))])
-    close(cpu, ref, 16 * U)
-    # the unrotated tail of each head passes through unchanged
-    tail = cpu.reshape(n, heads, head_dim)[..., rope_dim:]
-    assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])
+    check_rope(q15[1], "cpu", rng, neox, head_dim, rope_dim)
 
 
 @pytest.mark.parametrize("op", ["Add", "Mul", "Silu", "SwiGLU"])
 def test_elementwise(q15, rng, op):
-    m, s = q15
-    a = (rng.standard_normal((4, 8960)) * 4).astype(np.float32)
-    b = rng.standard_normal((4, 8960)).astype(np.float32)
-    ins = [0] if op == "Silu" else [0, 1]
-    cpu, ref = both(s, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960)])
-    close(cpu, ref, 4 * U)
+    check_elementwise(q15[1], "cpu", rng, op)
 
 
 def test_getrows_and_tailrow(q15, rng):

@@ -1,0 +1,47 @@
+"""Running one hand-built graph on a backend and on the float64 reference
+backend (Session.run_ops, outputs poisoned first), for the op tests of every
+backend (test_ops: CPU, test_cuda: CUDA)."""
+import numpy as np
+
+
+def run_both(sess, inputs, nodes, backend):
+    """(backend's output, reference's output) of the last node; every node the backend ran must have
+    written finite values (KvStore writes the cache, not its output)."""
+    out = sess.run_ops(backend, inputs, nodes)
+    ref = sess.run_ops("reference", inputs, nodes)
+    for i, a in enumerate(out[len(inputs):]):
+        if nodes[i]["op"] != "KvStore":
+            assert np.all(np.isfinite(a)), f"{nodes[i]['op']}: unwritten (poisoned) or non-finite outputs"
+    return out[-1], ref[-1]
+
+
+def close(out, ref, rel):
+    """max |out - ref| within rel of the reference's scale."""
+    scale = max(float(np.abs(ref).max()), 1e-30)
+    assert np.abs(out - ref).max() <= rel * scale, (np.abs(out - ref).max(), scale)
+
+
+U = 2.0 ** -24
+
+
+def check_rope(sess, backend, rng, neox, head_dim, rope_dim):
+    """RoPE at random positions up to 30000 (base 1e6), 12 heads: within 16 f32 ulps of the scale, and
+    the unrotated tail of each head passes through unchanged."""
+    n, heads = 7, 12
+    x = rng.standard_normal((n, heads * head_dim)).astype(np.float32)
+    pos = rng.integers(0, 30000, size=(n, 1)).astype(np.int32)
+    out, ref = run_both(sess, [x, pos], [dict(op="Rope", inputs=[0, 1], rows=n, cols=heads * head_dim,
+                                              meta=dict(head_dim=head_dim, rope_dim=rope_dim, rope_base=1e6,
+                                                        rope_neox=neox))], backend)
+    close(out, ref, 16 * U)
+    tail = out.reshape(n, heads, head_dim)[..., rope_dim:]
+    assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])
+
+
+def check_elementwise(sess, backend, rng, op):
+    """Add / Mul / Silu / SwiGLU over 4 rows of the 1.5B model's FFN width, within 4 f32 ulps."""
+    a = (rng.standard_normal((4, 8960)) * 4).astype(np.float32)
+    b = rng.standard_normal((4, 8960)).astype(np.float32)
+    ins = [0] if op == "Silu" else [0, 1]
+    out, ref = run_both(sess, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960)], backend)
+    close(out, ref, 4 * U)
