@@ -42,4 +42,5 @@ struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type
 struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type as above
     uint n_head, n_head_kv, head_dim, n_ctx, q_ld, o_ld, kv_type;
     float scale;
+    uint splits;      // attention_split / attention_combine: the number of KV splits
 };

@@ -102,3 +102,73 @@ kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q 
     if (tid < hd) out[r * a.o_ld + h * hd + tid] = o0 / l;
     if (tid + 128 < hd) out[r * a.o_ld + h * hd + tid + 128] = o1 / l;
 }
+
+// The KV-split variant for decode (flash decoding): gridDim.z = S blocks share
+// one (head, row), block z walking chunks z, z + S, ... of the visible
+// positions with the same online softmax, and writing its partial
+// (max, sum, unnormalized output) to `partial`; attention_combine merges the S
+// partials.  S depends only on n_ctx, so the encoded work of a decode step does
+// not change as the cache fills; a block with nothing to do writes an empty partial.
+kernel void attention_split(constant AttnArgs& a [[buffer(0)]], device const float* q [[buffer(1)]],
+                            device const int* pos [[buffer(2)]], device const uchar* K [[buffer(3)]],
+                            device const uchar* V [[buffer(4)]], device float* partial [[buffer(5)]],
+                            threadgroup float* s [[threadgroup(0)]], threadgroup float* red [[threadgroup(1)]],
+                            uint3 tg [[threadgroup_position_in_grid]], uint3 ngrid [[threadgroups_per_grid]],
+                            uint tid [[thread_index_in_threadgroup]], uint lane [[thread_index_in_simdgroup]],
+                            uint sg [[simdgroup_index_in_threadgroup]], uint nsg [[simdgroups_per_threadgroup]]) {
+    const uint h = tg.x, r = tg.y, z = tg.z, S = ngrid.z, hd = a.head_dim, dim = a.n_head_kv * hd;
+    const uint col0 = (h / (a.n_head / a.n_head_kv)) * hd;
+    const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);
+    device const float* qh = q + r * a.q_ld + h * hd;
+    float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
+    for (uint j0 = z * 128; j0 <= uint(p); j0 += S * 128) {
+        const uint n = min(128u, uint(p) + 1 - j0);
+        float sc = -INFINITY;
+        if (tid < n) {
+            float dot = 0.0f;
+            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, j0 + tid, dim, col0 + d);
+            sc = dot * a.scale;
+        }
+        const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
+        const float nm = max(m, cm), corr = exp(m - nm);
+        const float e = tid < n ? exp(sc - nm) : 0.0f;
+        s[tid] = e;
+        const float cs = tg_reduce(e, false, red, lane, sg, nsg);
+        l = l * corr + cs;
+        m = nm;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (uint jj = 0; jj < n; jj++) {
+            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid);
+            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid + 128);
+        }
+        o0 = o0 * corr + acc0;
+        o1 = o1 * corr + acc1;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    device float* part = partial + ((r * a.n_head + h) * S + z) * (hd + 2);
+    if (tid == 0) {
+        part[0] = m;
+        part[1] = l;
+    }
+    if (tid < hd) part[2 + tid] = o0;
+    if (tid + 128 < hd) part[2 + tid + 128] = o1;
+}
+
+// out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z over the S partials of each (head, row).
+kernel void attention_combine(constant AttnArgs& a [[buffer(0)]], device const float* partial [[buffer(1)]],
+                              device float* out [[buffer(2)]], uint2 tg [[threadgroup_position_in_grid]],
+                              uint tid [[thread_index_in_threadgroup]], uint ntg [[threads_per_threadgroup]]) {
+    const uint h = tg.x, r = tg.y, hd = a.head_dim, S = a.splits;
+    device const float* base = partial + (r * a.n_head + h) * S * (hd + 2);
+    float M = -INFINITY;
+    for (uint z = 0; z < S; z++) M = max(M, base[z * (hd + 2)]);
+    float L = 0.0f;
+    for (uint z = 0; z < S; z++)
+        if (base[z * (hd + 2)] > -INFINITY) L += exp(base[z * (hd + 2)] - M) * base[z * (hd + 2) + 1];
+    for (uint d = tid; d < hd; d += ntg) {
+        float acc = 0.0f;
+        for (uint z = 0; z < S; z++)
+            if (base[z * (hd + 2)] > -INFINITY) acc += exp(base[z * (hd + 2)] - M) * base[z * (hd + 2) + 2 + d];
+        out[r * a.o_ld + h * hd + d] = L > 0.0f ? acc / L : 0.0f;
+    }
+}

@@ -183,8 +183,8 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
     q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
     out = np.full((rows, n_head * head_dim), np.nan, np.float32)
     scale = 1 / np.sqrt(head_dim)
-    k.dispatch("attention", {0: pack("IIIIIIIf", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
-                                     n_head * head_dim, kv_type, scale), 1: q, 2: pos, 3: K, 4: V, 5: out},
+    k.dispatch("attention", {0: pack("IIIIIIIfI", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
+                                     n_head * head_dim, kv_type, scale, 1), 1: q, 2: pos, 3: K, 4: V, 5: out},
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
     if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
         cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
@@ -204,6 +204,16 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
             p = np.exp(s - s.max())
             ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vc[: pos[r] + 1, cs]
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+    if rows == 1:  # the KV-split variant (3 splits: blocks 0..2 take chunks 0, 1, 2 of the 261 positions)
+        S = 3
+        partial = np.full(n_head * S * (head_dim + 2), np.nan, np.float32)
+        split = np.full_like(out, np.nan)
+        args = pack("IIIIIIIfI", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, kv_type,
+                    scale, S)
+        k.dispatch("attention_split", {0: args, 1: q, 2: pos, 3: K, 4: V, 5: partial}, grid=(n_head, 1, S),
+                   tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
+        k.dispatch("attention_combine", {0: args, 1: partial, 2: split}, grid=(n_head, 1, 1), tg=(64, 1, 1))
+        assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
 def test_argmax(k, rng):

@@ -118,7 +118,7 @@ def tiny_qwen2(path: Path, rng) -> Path:
     kv = [("general.architecture", STR, "qwen2"), ("qwen2.block_count", U32, L), ("qwen2.embedding_length", U32, E),
           ("qwen2.feed_forward_length", U32, F), ("qwen2.attention.head_count", U32, H_),
           ("qwen2.attention.head_count_kv", U32, KV), ("qwen2.attention.layer_norm_rms_epsilon", F32, 1e-6),
-          ("qwen2.context_length", U32, 64), ("qwen2.rope.freq_base", F32, 10000.0)]
+          ("qwen2.context_length", U32, 2048), ("qwen2.rope.freq_base", F32, 10000.0)]
     path.write_bytes(build_gguf(kv, tensors).data)
     return path
 
@@ -205,3 +205,13 @@ def test_mixed_metal_cpu_splits(setup, tmp_path):
     assert a.size == b.size == 10 * 256
     # the CPU's RoPE takes its angle in double, Metal's in f32 (metal/rope.metal); Add is exact on both
     assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
+
+
+def test_attention_variants_agree(setup, tmp_path):
+    """Decode attention over the 1024-position cache: the KV-split variant (the default, 2 splits) and
+    the single-pass flash kernel (MINFER_METAL_ATTN=flash) give the same logits to f32 rounding."""
+    exe, model = setup
+    run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "split.f32"))
+    run_driver(exe, model, MINFER_METAL_ATTN="flash", METAL_FORWARD_DUMP=str(tmp_path / "flash.f32"))
+    a, b = np.fromfile(tmp_path / "split.f32", np.float32), np.fromfile(tmp_path / "flash.f32", np.float32)
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()

@@ -25,7 +25,7 @@ int main(int argc, char** argv) {
         SessionOptions mo, co;
         mo.device = "metal";
         co.device = "cpu";
-        mo.n_ctx = co.n_ctx = 64;
+        mo.n_ctx = co.n_ctx = 1024;  // two KV splits: decode takes attention_split
         mo.n_threads = co.n_threads = 1;
         Session metal(model, mo), cpu(model, co);
         if (metal.device() != "metal") {

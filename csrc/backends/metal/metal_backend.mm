@@ -194,6 +194,8 @@ class MetalBackend : public Backend {
     std::vector<Buf> bufs_;
     id<MTLBuffer> err_ = nil;  // uint32 error word the kernels set (bad token id, bad position)
     id<MTLBuffer> token_ = nil;  // the argmax kernel's int result
+    id<MTLBuffer> partial_ = nil;  // attention_split's partials
+    bool attn_split_ = true;       // MINFER_METAL_ATTN=flash turns the KV-split decode variant off (A/B)
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
@@ -223,6 +225,11 @@ MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()
                 if (tok == op_name(Op(i))) cpu_ops_.push_back(Op(i)), found = true;
             if (!found) throw MinferError("MINFER_METAL_CPU_OPS: unknown op '" + tok + "'");
         }
+    }
+    if (const char* v = std::getenv("MINFER_METAL_ATTN")) {
+        if (std::strcmp(v, "flash") && std::strcmp(v, "split"))
+            throw MinferError(strfmt("MINFER_METAL_ATTN must be 'flash' or 'split', got '%s'", v));
+        attn_split_ = std::strcmp(v, "split") == 0;
     }
     recent_.resize(8);
     @autoreleasepool {
@@ -514,8 +521,19 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
                             MTLSizeMake((dim + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
         case Op::Attn: {
+            const uint S = (uint(m.n_ctx) + 511) / 512;  // one split per 512 cached positions (fixed by n_ctx)
             AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
-                       uint(a.out.ld), uint(m.kv_type), m.attn_scale};
+                       uint(a.out.ld), uint(m.kv_type), m.attn_scale, S};
+            if (rows == 1 && S > 1 && attn_split_) {  // decode over a long cache: flash decoding
+                const size_t floats = size_t(m.n_head) * S * size_t(m.head_dim + 2);
+                if (!partial_ || [partial_ length] < floats * 4)
+                    partial_ = [dev_.device newBufferWithLength:floats * 4 options:MTLResourceStorageModeShared];
+                dispatch("attention_split", &t, sizeof t,
+                         {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), Bound{partial_, 0, floats * 4}},
+                         MTLSizeMake(uint(m.n_head), 1, S), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
+                return dispatch("attention_combine", &t, sizeof t, {Bound{partial_, 0, floats * 4}, out},
+                                MTLSizeMake(uint(m.n_head), 1, 1), MTLSizeMake(64, 1, 1));
+            }
             return dispatch("attention", &t, sizeof t, {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), out},
                             MTLSizeMake(uint(m.n_head), rows, 1), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
         }
