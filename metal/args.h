@@ -43,4 +43,5 @@ struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type 
     uint n_head, n_head_kv, head_dim, n_ctx, q_ld, o_ld, kv_type;
     float scale;
     uint splits;      // attention_split / attention_combine: the number of KV splits
+    uint rows_q;      // attention_prefill: the number of query rows
 };

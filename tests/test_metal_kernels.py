@@ -183,8 +183,8 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
     q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
     out = np.full((rows, n_head * head_dim), np.nan, np.float32)
     scale = 1 / np.sqrt(head_dim)
-    k.dispatch("attention", {0: pack("IIIIIIIfI", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
-                                     n_head * head_dim, kv_type, scale, 1), 1: q, 2: pos, 3: K, 4: V, 5: out},
+    k.dispatch("attention", {0: pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
+                                     n_head * head_dim, kv_type, scale, 1, rows), 1: q, 2: pos, 3: K, 4: V, 5: out},
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
     if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
         cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
@@ -208,12 +208,43 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
         S = 3
         partial = np.full(n_head * S * (head_dim + 2), np.nan, np.float32)
         split = np.full_like(out, np.nan)
-        args = pack("IIIIIIIfI", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, kv_type,
-                    scale, S)
+        args = pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, kv_type,
+                    scale, S, 1)
         k.dispatch("attention_split", {0: args, 1: q, 2: pos, 3: K, 4: V, 5: partial}, grid=(n_head, 1, S),
                    tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
         k.dispatch("attention_combine", {0: args, 1: partial, 2: split}, grid=(n_head, 1, 1), tg=(64, 1, 1))
         assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])
+def test_prefill_attention_on_simdgroup_matrices(k, rng, n_head, n_head_kv, head_dim):
+    """37 query rows at positions 20..56 over an f16 cache (rows 0..19 hold earlier tokens): 5 tiles of 8
+    rows, the last partial; f32 arithmetic, so the bound of the one-row kernel."""
+    rows, first, n_ctx, dim = 37, 20, 128, n_head_kv * head_dim
+    kk = (rng.standard_normal((first + rows, dim)) * 2).astype(np.float16)
+    vv = rng.standard_normal((first + rows, dim)).astype(np.float16)
+    K = np.zeros((n_ctx, dim), np.float16)
+    V = np.zeros_like(K)
+    K[: first + rows], V[: first + rows] = kk, vv
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    pos = (np.arange(rows) + first).astype(np.int32)
+    out = np.full((rows, n_head * head_dim), np.nan, np.float32)
+    scale = 1 / np.sqrt(head_dim)
+    args = pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, 1, scale, 1,
+                rows)
+    k.dispatch("attention_prefill", {0: args, 1: q, 2: pos, 3: K, 4: V, 5: out}, grid=(n_head, 5, 1), tg=(128, 1, 1),
+               tg_bytes={0: 8 * head_dim * 4, 1: 16 * head_dim * 4, 2: 16 * head_dim * 4, 3: 8 * 16 * 4,
+                         4: 8 * head_dim * 4, 5: 3 * 8 * 4})
+    Kd, Vd = kk.astype(np.float64), vv.astype(np.float64)
+    g = n_head // n_head_kv
+    ref = np.zeros((rows, n_head * head_dim))
+    for h in range(n_head):
+        cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
+        for r in range(rows):
+            s = Kd[: pos[r] + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vd[: pos[r] + 1, cs]
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
 def test_argmax(k, rng):

@@ -5,8 +5,9 @@ command buffers run the encoded dispatches through the MSL emulator.
 
 A small qwen2 model (vocab 256, hidden 256, 2 layers, weights in six GGUF
 types) is evaluated by a Metal session (tests/native/metal_forward.cpp): a
-7-token prompt, every position's logits, then three decode steps, against a
-float64 numpy forward pass of the same file.  Then the same with RoPE and Add
+20-token prompt (simdgroup-matrix matmul and prefill attention), every
+position's logits, then three decode steps (matvec, KV-split attention),
+against a float64 numpy forward pass of the same file.  Then the same with RoPE and Add
 moved to the CPU (MINFER_METAL_CPU_OPS): the plan alternates Metal and CPU
 splits, and the logits match the all-Metal run."""
 import concurrent.futures
@@ -181,7 +182,8 @@ def setup(tmp_path_factory):
     return exe, model
 
 
-TOKENS = [1, 17, 42, 5, 99, 23, 7, 3, 200, 64]  # metal_forward's prompt, then its three decode tokens
+TOKENS = [1, 17, 42, 5, 99, 23, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 21,  # metal_forward's prompt,
+          3, 200, 64]                                                                # then its decode tokens
 
 
 def test_forward_pass_on_the_mock_device(setup, tmp_path):
@@ -202,7 +204,7 @@ def test_mixed_metal_cpu_splits(setup, tmp_path):
     mixed = run_driver(exe, model, MINFER_METAL_CPU_OPS="Rope,Add", METAL_FORWARD_DUMP=str(tmp_path / "mixed.f32"))
     assert mixed["splits"] > 4, mixed  # Metal and CPU alternate within every layer
     a, b = np.fromfile(tmp_path / "metal.f32", np.float32), np.fromfile(tmp_path / "mixed.f32", np.float32)
-    assert a.size == b.size == 10 * 256
+    assert a.size == b.size == len(TOKENS) * 256
     # the CPU's RoPE takes its angle in double, Metal's in f32 (metal/rope.metal); Add is exact on both
     assert np.abs(a - b).max() <= 1e-3 * np.abs(a).max()
 

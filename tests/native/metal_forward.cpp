@@ -3,7 +3,7 @@
 //
 //   metal_forward MODEL.gguf      prints, per line: "<name> max_abs_diff <d> scale <s> splits <n>"
 //
-// The Metal session and a CPU session evaluate the same prompt (every
+// The Metal session and a CPU session evaluate the same 20-token prompt (every
 // position's logits) and three decode steps (fixed tokens 3, 200, 64); the line reports the
 // largest logit difference, the logits' scale and the decode plan's split
 // count.  MINFER_METAL_CPU_OPS (set by the test) moves ops to the CPU;
@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
             std::printf("error: session runs on %s\n", metal.device().c_str());
             return 1;
         }
-        std::vector<int32_t> prompt = {1, 17, 42, 5, 99, 23, 7};
+        // 20 tokens: the prompt takes the simdgroup-matrix matmul and prefill-attention kernels
+        std::vector<int32_t> prompt = {1, 17, 42, 5, 99, 23, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 21};
         const int n = int(prompt.size());
         std::vector<float> a(size_t(n) * V), b(size_t(n) * V);
         metal.eval(prompt.data(), n, 0, true, a.data());

@@ -523,7 +523,14 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::Attn: {
             const uint S = (uint(m.n_ctx) + 511) / 512;  // one split per 512 cached positions (fixed by n_ctx)
             AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
-                       uint(a.out.ld), uint(m.kv_type), m.attn_scale, S};
+                       uint(a.out.ld), uint(m.kv_type), m.attn_scale, S, rows};
+            const uint hd = uint(m.head_dim);
+            if (rows >= 16 && m.kv_type == GGML_TYPE_F16 && hd % 8 == 0 && hd <= 128) {  // prefill on simdgroup matrices
+                return dispatch("attention_prefill", &t, sizeof t,
+                                {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), out},
+                                MTLSizeMake(uint(m.n_head), (rows + 7) / 8, 1), MTLSizeMake(128, 1, 1),
+                                {8 * hd * 4, 16 * hd * 4, 16 * hd * 4, 8 * 16 * 4, 8 * hd * 4, 3 * 8 * 4});
+            }
             if (rows == 1 && S > 1 && attn_split_) {  // decode over a long cache: flash decoding
                 const size_t floats = size_t(m.n_head) * S * size_t(m.head_dim + 2);
                 if (!partial_ || [partial_ length] < floats * 4)
