@@ -217,3 +217,18 @@ def test_attention_variants_agree(setup, tmp_path):
     run_driver(exe, model, MINFER_METAL_ATTN="flash", METAL_FORWARD_DUMP=str(tmp_path / "flash.f32"))
     a, b = np.fromfile(tmp_path / "split.f32", np.float32), np.fromfile(tmp_path / "flash.f32", np.float32)
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+
+
+@pytest.mark.parametrize("tier", ["matvec", "simdgroup"])
+def test_matmul_tiers_agree(setup, tmp_path, tier):
+    """MINFER_METAL_MATMUL forces one matmul tier for every row count (the A/B switch): the single-token
+    tier four rows at a time, or the simdgroup-matrix tier even for one row.  The forced run computes
+    differently (other summation orders) and stays within the forward test's bound of the float64 model."""
+    exe, model = setup
+    run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "auto.f32"))
+    run_driver(exe, model, MINFER_METAL_MATMUL=tier, METAL_FORWARD_DUMP=str(tmp_path / "forced.f32"))
+    ref = forward64(str(model), TOKENS)
+    a = np.fromfile(tmp_path / "auto.f32", np.float32).reshape(ref.shape)
+    b = np.fromfile(tmp_path / "forced.f32", np.float32).reshape(ref.shape)
+    assert not np.array_equal(a, b), "the switch changed nothing"
+    assert np.abs(b - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(b - ref).max()

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -196,6 +197,7 @@ class MetalBackend : public Backend {
     id<MTLBuffer> token_ = nil;  // the argmax kernel's int result
     id<MTLBuffer> partial_ = nil;  // attention_split's partials
     bool attn_split_ = true;       // MINFER_METAL_ATTN=flash turns the KV-split decode variant off (A/B)
+    uint mm_min_rows_ = 5;         // MINFER_METAL_MATMUL=matvec|simdgroup forces one matmul tier (A/B)
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
@@ -225,6 +227,11 @@ MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()
                 if (tok == op_name(Op(i))) cpu_ops_.push_back(Op(i)), found = true;
             if (!found) throw MinferError("MINFER_METAL_CPU_OPS: unknown op '" + tok + "'");
         }
+    }
+    if (const char* v = std::getenv("MINFER_METAL_MATMUL")) {
+        if (std::strcmp(v, "matvec") && std::strcmp(v, "simdgroup") && std::strcmp(v, "auto"))
+            throw MinferError(strfmt("MINFER_METAL_MATMUL must be 'auto', 'matvec' or 'simdgroup', got '%s'", v));
+        mm_min_rows_ = !std::strcmp(v, "matvec") ? UINT32_MAX : !std::strcmp(v, "simdgroup") ? 1 : 5;
     }
     if (const char* v = std::getenv("MINFER_METAL_ATTN")) {
         if (std::strcmp(v, "flash") && std::strcmp(v, "split"))
@@ -482,7 +489,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::MatMul: {
             const MetalWeight& w = weight(m.weight);
             const size_t rb = w.nbytes / size_t(w.rows);
-            if (rows > 4) {  // the simdgroup-matrix tier: 32 x 64 output tiles
+            if (rows >= mm_min_rows_) {  // the simdgroup-matrix tier: 32 x 64 output tiles
                 MatmulArgs mm{uint(w.cols), cols, rows, uint(rb), uint(a.in[0].ld), uint(a.out.ld)};
                 const std::string k = std::string("matmul_mm_") + type_suffix(w.type);
                 dispatch(k.c_str(), &mm, sizeof mm, {Bound{w.buffer, w.offset, rb * cols}, in(0, w.cols), out},
@@ -490,7 +497,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
                          {64 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4});
             }
             const std::string k = std::string("matvec_") + type_suffix(w.type);
-            for (uint r0 = 0; rows <= 4 && r0 < rows; r0 += 4) {  // the single-token tier (decode)
+            for (uint r0 = 0; rows < mm_min_rows_ && r0 < rows; r0 += 4) {  // the single-token tier, 4 rows at a time
                 const uint n = std::min(4u, rows - r0);
                 MatvecArgs mv{uint(w.cols), cols, uint(rb), uint(a.in[0].ld), uint(a.out.ld), n};
                 BufRef x = a.in[0], y = a.out;
