@@ -232,3 +232,14 @@ def test_matmul_tiers_agree(setup, tmp_path, tier):
     b = np.fromfile(tmp_path / "forced.f32", np.float32).reshape(ref.shape)
     assert not np.array_equal(a, b), "the switch changed nothing"
     assert np.abs(b - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(b - ref).max()
+
+
+@pytest.mark.parametrize("var,value,message", [
+    ("MINFER_METAL_CPU_OPS", "Rope,Rop", "MINFER_METAL_CPU_OPS: unknown op 'Rop'"),
+    ("MINFER_METAL_TIMEOUT_S", "soon", "MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got 'soon'"),
+])
+def test_bad_levers_are_errors(setup, var, value, message):
+    exe, model = setup
+    env = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), **{var: value})
+    r = subprocess.run([str(exe), str(model)], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 1 and message in r.stdout, (r.stdout, r.stderr[-1000:])

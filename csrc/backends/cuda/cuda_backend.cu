@@ -19,12 +19,12 @@
 #include <cstring>
 #include <map>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/kernels.h"
+#include "backends/levers.h"
 #include "quant/types.h"
 
 namespace minfer {
@@ -122,25 +122,9 @@ class CudaBackend : public Backend {
 };
 
 CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
-    if (const char* t = std::getenv("MINFER_GPU_TIMEOUT_S")) {
-        timeout_s_ = std::atof(t);
-        if (!(timeout_s_ > 0)) throw MinferError(strfmt("MINFER_GPU_TIMEOUT_S must be a positive number of seconds, got '%s'", t));
-    }
+    timeout_s_ = seconds_from_env("MINFER_GPU_TIMEOUT_S", 10.0);
     if (const char* g = std::getenv("MINFER_CUDA_GRAPHS")) graphs_on_ = std::strcmp(g, "0") != 0;
-    if (const char* ops = std::getenv("MINFER_CUDA_CPU_OPS")) {
-        std::stringstream ss(ops);
-        std::string tok;
-        while (std::getline(ss, tok, ',')) {
-            if (tok.empty()) continue;
-            bool found = false;
-            for (size_t i = 0; i < size_t(Op::Count); i++)
-                if (tok == op_name(Op(i))) {
-                    cpu_ops_.insert(Op(i));
-                    found = true;
-                }
-            if (!found) throw MinferError(strfmt("MINFER_CUDA_CPU_OPS: unknown op '%s'", tok.c_str()));
-        }
-    }
+    cpu_ops_ = ops_from_env("MINFER_CUDA_CPU_OPS");
     recent_.resize(8);
     check(cudaSetDevice(0), "selecting device 0");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");

@@ -36,9 +36,11 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "backends/levers.h"
 #include "backends/metal/metal_api.h"
 #include "common/error.h"
 #include "quant/types.h"
@@ -203,7 +205,7 @@ class MetalBackend : public Backend {
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
     std::vector<std::string> recent_;
     size_t recent_at_ = 0;
-    std::vector<Op> cpu_ops_;  // MINFER_METAL_CPU_OPS: ops left to the CPU (mixed graphs)
+    std::set<Op> cpu_ops_;  // MINFER_METAL_CPU_OPS: ops left to the CPU (mixed graphs)
     double timeout_s_ = 10.0;
     bool failed_ = false;
     std::string failure_;
@@ -211,23 +213,8 @@ class MetalBackend : public Backend {
 
 MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()) {
     if (!dev_.error.empty()) throw MinferError("Metal: " + dev_.error);
-    if (const char* t = std::getenv("MINFER_METAL_TIMEOUT_S")) {
-        timeout_s_ = std::atof(t);
-        if (!(timeout_s_ > 0)) throw MinferError(strfmt("MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got '%s'", t));
-    }
-    if (const char* ops = std::getenv("MINFER_METAL_CPU_OPS")) {
-        std::string list = ops;
-        for (size_t at = 0; at <= list.size();) {
-            const size_t end = std::min(list.find(',', at), list.size());
-            const std::string tok = list.substr(at, end - at);
-            at = end + 1;
-            if (tok.empty()) continue;
-            bool found = false;
-            for (size_t i = 0; i < size_t(Op::Count); i++)
-                if (tok == op_name(Op(i))) cpu_ops_.push_back(Op(i)), found = true;
-            if (!found) throw MinferError("MINFER_METAL_CPU_OPS: unknown op '" + tok + "'");
-        }
-    }
+    timeout_s_ = seconds_from_env("MINFER_METAL_TIMEOUT_S", 10.0);
+    cpu_ops_ = ops_from_env("MINFER_METAL_CPU_OPS");
     if (const char* v = std::getenv("MINFER_METAL_MATMUL")) {
         if (std::strcmp(v, "matvec") && std::strcmp(v, "simdgroup") && std::strcmp(v, "auto"))
             throw MinferError(strfmt("MINFER_METAL_MATMUL must be 'auto', 'matvec' or 'simdgroup', got '%s'", v));
@@ -286,8 +273,7 @@ bool MetalBackend::supports_op(const Node& node) const {
         auto it = weights_.find(w);
         return it != weights_.end() && (f32_only ? it->second.type == GGML_TYPE_F32 : type_suffix(it->second.type) != nullptr);
     };
-    for (Op o : cpu_ops_)
-        if (o == node.op) return false;
+    if (cpu_ops_.count(node.op)) return false;
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
