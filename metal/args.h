@@ -23,8 +23,17 @@ struct RopeArgs {     // freq[i] = base^(-2i / rope_dim), computed by the host i
     uint cols, head_dim, rope_dim, x_ld, y_ld, neox;
 };
 
-struct MatvecArgs {   // y[r, o] = x[r, :K] . W[o, :K] for r < n_rows <= 4, o < N
+// The single-token and small-batch tiers: y[r, o] = x[r, :K] . W[o, :K] (+ bias[o]) for o < N, over up
+// to three weight parts of one type bound as one buffer (a fused q|k|v projection: output columns
+// [0, end0) from part 0, [end0, end1) from part 1, [end1, N) from part 2, each part's rows at its byte
+// offset from the bound buffer).  swiglu: y[r, o] = silu(part 0 row o) * (part 1 row o) (the fused gate/up).
+struct MatvecArgs {
     uint K, N, row_bytes, x_ld, y_ld, n_rows;
+    uint end0, end1;        // the parts' column ranges (end0 = end1 = N: one part)
+    uint w_off0, w_off1, w_off2;  // byte offsets of the parts' rows in the weight buffer
+    uint has_bias;          // 1: add the bias buffer's values, part p's at float offset b_off[p]
+    uint b_off0, b_off1, b_off2;
+    uint swiglu;
 };
 
 struct MatmulArgs {   // y[m, n] = x[m, :K] . W[n, :K] for m < M, n < N (the simdgroup-matrix tier)
@@ -37,6 +46,10 @@ struct GetRowsArgs {
 
 struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type: ggml's id (F32 0, F16 1, Q8_0 8)
     uint dim, n_ctx, k_ld, v_ld, kv_type;
+};
+
+struct RopeStoreArgs { // rope_kv_store: rope(q) -> y; rope(k) and v stored at the row's position
+    uint q_cols, kv_dim, head_dim, rope_dim, neox, q_ld, k_ld, v_ld, y_ld, n_ctx, kv_type;
 };
 
 struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type as above

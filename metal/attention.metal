@@ -9,6 +9,7 @@
 #include <metal_stdlib>
 using namespace metal;
 #include "args.h"
+#include "kv_store.h"
 
 // Value `col` of cache row j: f32 (kv_type 0), f16 (1) or q8_0 blocks of 32 (8: an f16 scale, 32 int8).
 static inline float kv_at(device const uchar* kv, uint kv_type, uint j, uint dim, uint col) {
@@ -16,15 +17,6 @@ static inline float kv_at(device const uchar* kv, uint kv_type, uint j, uint dim
     if (kv_type == 0) return ((device const float*)kv)[j * dim + col];
     device const uchar* blk = kv + (j * (dim / 32) + col / 32) * 34;
     return float(*(device const half*)blk) * float(((device const char*)(blk + 2))[col % 32]);
-}
-
-// One q8_0 block of 32 values: d = amax / 127, q = round(x / d) (half away from zero), as the CPU's quantizer.
-static inline void store_q8_0(device const float* x, device uchar* blk) {
-    float amax = 0.0f;
-    for (int i = 0; i < 32; i++) amax = max(amax, fabs(x[i]));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    *(device half*)blk = half(d);
-    for (int i = 0; i < 32; i++) ((device char*)(blk + 2))[i] = char(int(round(x[i] * id)));
 }
 
 kernel void kv_store(constant KvStoreArgs& a [[buffer(0)]], device const float* k [[buffer(1)]],
@@ -41,12 +33,9 @@ kernel void kv_store(constant KvStoreArgs& a [[buffer(0)]], device const float* 
                 store_q8_0(k + r * a.k_ld + i, K + (uint(p) * (a.dim / 32) + i / 32) * 34);
                 store_q8_0(v + r * a.v_ld + i, V + (uint(p) * (a.dim / 32) + i / 32) * 34);
             }
-        } else if (a.kv_type == 1) {
-            ((device half*)K)[uint(p) * a.dim + i] = half(k[r * a.k_ld + i]);
-            ((device half*)V)[uint(p) * a.dim + i] = half(v[r * a.v_ld + i]);
         } else {
-            ((device float*)K)[uint(p) * a.dim + i] = k[r * a.k_ld + i];
-            ((device float*)V)[uint(p) * a.dim + i] = v[r * a.v_ld + i];
+            store_value(K, a.kv_type, uint(p), a.dim, i, k[r * a.k_ld + i]);
+            store_value(V, a.kv_type, uint(p), a.dim, i, v[r * a.v_ld + i]);
         }
     }
 }

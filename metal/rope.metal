@@ -6,6 +6,7 @@
 #include <metal_stdlib>
 using namespace metal;
 #include "args.h"
+#include "rope.h"
 
 kernel void rope(constant RopeArgs& a     [[buffer(0)]],
                  device const float* x    [[buffer(1)]],
@@ -13,22 +14,10 @@ kernel void rope(constant RopeArgs& a     [[buffer(0)]],
                  device const float* freq [[buffer(3)]],
                  device float* y          [[buffer(4)]],
                  uint2 gid                [[thread_position_in_grid]]) {
-    const uint t = gid.x, r = gid.y, pairs = a.head_dim / 2, half_dim = a.rope_dim / 2;
+    const uint t = gid.x, r = gid.y, pairs = a.head_dim / 2;
     if (t < a.cols / 2) {
-        const uint h = t / pairs, i = t % pairs;
-        device const float* xh = x + r * a.x_ld + h * a.head_dim;
-        device float* yh = y + r * a.y_ld + h * a.head_dim;
-        if (i >= half_dim) {
-            const uint j = a.rope_dim + 2 * (i - half_dim);
-            yh[j] = xh[j];
-            yh[j + 1] = xh[j + 1];
-        } else {
-            const float theta = float(pos[r]) * freq[i];
-            const float s = precise::sin(theta), c = precise::cos(theta);
-            const uint i0 = a.neox ? i : 2 * i, i1 = a.neox ? i + half_dim : 2 * i + 1;
-            const float x0 = xh[i0], x1 = xh[i1];
-            yh[i0] = x0 * c - x1 * s;
-            yh[i1] = x0 * s + x1 * c;
-        }
+        const uint h = t / pairs;
+        rope_pair(x + r * a.x_ld + h * a.head_dim, y + r * a.y_ld + h * a.head_dim, t % pairs, a.rope_dim, a.neox,
+                  pos[r], freq);
     }
 }

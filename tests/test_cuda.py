@@ -198,6 +198,36 @@ def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, rows,
         close(gpu, ref, 1e-5)
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
+@pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
+def test_rope_kv_store_matches_unfused(q15, rng, rows, kv_type, neox, head_dim, rope_dim):
+    """The decode fusion (RoPE of q and k + the KV store in one kernel) does the same arithmetic as the
+    separate Rope and KvStore kernels: rotated q and the attention over the stored cache are identical."""
+    m, s = q15
+    n_head, n_head_kv, n_ctx = 12, 2, 1024
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((rows, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((rows, n_head_kv * head_dim)).astype(np.float32)
+    pos = (np.arange(rows) + 600).astype(np.int32).reshape(rows, 1)
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type=kv_type, n_ctx=n_ctx,
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0, rope_dim=rope_dim, rope_base=1e6, rope_neox=neox)
+    qc, kc = n_head * head_dim, n_head_kv * head_dim
+    unfused = s.run_ops("cuda", [q, k, v, pos], [
+        dict(op="Rope", inputs=[0, 3], rows=rows, cols=qc, meta=meta),
+        dict(op="Rope", inputs=[1, 3], rows=rows, cols=kc, meta=meta),
+        dict(op="KvStore", inputs=[5, 2, 3], rows=rows, cols=1, meta=meta),
+        dict(op="Attn", inputs=[4, 3, 6], rows=rows, cols=qc, meta=meta)])
+    fused = s.run_ops("cuda", [q, k, v, pos], [
+        dict(op="RopeKvStore", inputs=[0, 1, 2, 3], rows=rows, cols=qc, meta=meta),
+        dict(op="Attn", inputs=[4, 3, 4], rows=rows, cols=qc, meta=meta)])
+    assert np.array_equal(fused[4], unfused[4])  # rotated q
+    assert np.array_equal(fused[5], unfused[7])  # attention over the cache the fused kernel wrote
+    with pytest.raises(minfer.MinferError, match="position"):
+        s.run_ops("cuda", [q, k, v, pos + n_ctx], [
+            dict(op="RopeKvStore", inputs=[0, 1, 2, 3], rows=rows, cols=qc, meta=meta)])
+
+
 def test_bad_token_id_is_an_error(q15):
     m, s = q15
     with pytest.raises(minfer.MinferError, match="token id is out of range"):
@@ -242,6 +272,23 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
     scale = np.abs(cpu).max()
     d = np.abs(gpu[:33] - cpu).max()
     assert d <= 3e-2 * scale, (d, scale)
+
+
+@pytest.mark.parametrize("name", ["q05", "qwen3"])
+def test_decode_fusions(q05_model, name, rng):
+    """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up and RoPE + KV store, and the
+    fused forward pass matches the unfused one (same kernels per row: only the launch grouping differs)."""
+    model = q05_model if name == "q05" else M.Model(str(synthetic_model("qwen3-tiny-q8_0")))
+    s = M.Session(model, threads=4, n_ctx=256, device="cuda")
+    ops = [n["op"] for n in s.plan(1).nodes]
+    n_layer = ops.count("Attn")
+    qkv = "FusedQkvNorm" if name == "qwen3" else "FusedQKV"
+    assert ops.count(qkv) == n_layer and ops.count("FusedFFN") == n_layer and ops.count("RopeKvStore") == n_layer
+    assert "KvStore" not in ops and "Rope" not in ops and "QkNorm" not in ops
+    prompt = rng.integers(0, 151936, size=5).astype(np.int32)
+    fused, _ = forward(model, "cuda", prompt, 4)
+    unfused, _ = forward(model, "cuda", prompt, 4, fuse=False)
+    close(fused, unfused, 1e-5)
 
 
 def test_greedy_on_device_matches_host_argmax(q05_model, rng):

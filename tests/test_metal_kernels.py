@@ -110,19 +110,77 @@ def test_rope(k, rng, neox, head_dim, rope_dim):
 
 # ---- weights: matvec and the embedding gather ------------------------------------------------------
 
-@pytest.mark.parametrize("n_rows", [1, 3])
+def mv_args(kk, n, row_bytes, n_rows, end0=None, end1=None, w_off=(0, 0, 0), bias=None, swiglu=0):
+    """MatvecArgs (metal/args.h): one part unless end0/end1 split the columns into q|k|v-like parts."""
+    end0 = n if end0 is None else end0
+    end1 = n if end1 is None else end1
+    b = bias or (0, 0, 0)
+    return pack("I" * 16, kk, n, row_bytes, kk, n, n_rows, end0, end1, *w_off, int(bias is not None), *b, swiglu)
+
+
+def matvec_tier(k, name, wtype, args, bufs, n, n_rows):
+    """Dispatch the single-token tier (grid.y = rows) or the small-batch tier (grid.y = groups of 8 rows)."""
+    groups = n_rows if name == "matvec" else (n_rows + 7) // 8
+    k.dispatch(f"{name}_{wtype}", {0: args, **bufs}, grid=((n + 3) // 4, groups, 1), tg=(128, 1, 1))
+
+
+def f32_dot_bound(x, W):
+    """f32 products summed in f32 over K terms: |error| <= 2 K u sum|x||w| (per output)."""
+    return 2 * x.shape[1] * U * (np.abs(x).astype(np.float64) @ np.abs(W).T)
+
+
+@pytest.mark.parametrize("tier,n_rows", [("matvec", 1), ("matvec", 3), ("matmul_rows", 3), ("matmul_rows", 11)])
 @pytest.mark.parametrize("wtype,kk", [("q4_K", 1536), ("q6_K", 1536), ("q5_K", 2048), ("q5_0", 896), ("q8_0", 4864),
                                       ("q4_0", 896), ("q4_1", 576), ("q5_1", 1536), ("f16", 896), ("f32", 256)])
-def test_matvec(k, rng, wtype, kk, n_rows):
-    n = 40  # output rows: 10 threadgroups of 4 simdgroups
+def test_matvec_tiers(k, rng, wtype, kk, tier, n_rows):
+    n = 38  # output columns: 10 threadgroups of 4 simdgroups, the last one half empty
     t, w = random_weight(wtype, n, kk, rng)
     x = rng.standard_normal((n_rows, kk)).astype(np.float32)
     y = np.full((n_rows, n), np.nan, np.float32)
-    k.dispatch(f"matvec_{wtype}", {0: pack("IIIIII", kk, n, w.shape[1], kk, n, n_rows), 1: w, 2: x, 3: y},
-               grid=(n // 4, 1, 1), tg=(128, 1, 1))
+    matvec_tier(k, tier, wtype, mv_args(kk, n, w.shape[1], n_rows), {1: w, 2: x, 3: y, 4: x}, n, n_rows)
     W = dequantize(w, t).reshape(n, kk).astype(np.float64)
     ref = x.astype(np.float64) @ W.T
-    bound = 2 * kk * U * (np.abs(x).astype(np.float64) @ np.abs(W).T)
+    assert np.all(np.abs(y - ref) <= f32_dot_bound(x, W) + 1e-30), np.abs(y - ref).max()
+
+
+@pytest.mark.parametrize("tier,n_rows", [("matvec", 1), ("matmul_rows", 9)])
+@pytest.mark.parametrize("wtype", ["q4_K", "q8_0", "q5_0"])
+def test_matvec_fused_parts(k, rng, wtype, tier, n_rows):
+    """The fused decode projections: q|k|v parts of one type at byte offsets of one buffer, with their
+    biases at float offsets of another (one dispatch), and gate/up with SwiGLU."""
+    kk = 1536 if wtype == "q4_K" else 896
+    sizes = (64, 16, 16)
+    parts = [random_weight(wtype, m, kk, rng) for m in sizes]
+    t, rb = parts[0][0], parts[0][1].shape[1]
+    gap = 3 * rb  # unrelated bytes between the parts, as between tensors in a file; stored v, k, q (any order)
+    blob = np.concatenate([np.concatenate([p[1].reshape(-1), rng.integers(0, 256, gap, dtype=np.uint8)])
+                           for p in parts[::-1]])
+    offs = np.cumsum([0] + [p[1].size + gap for p in parts[::-1]])[:3].tolist()[::-1]
+    biases = [rng.standard_normal(m).astype(np.float32) for m in sizes]
+    bias_buf = np.concatenate([np.zeros(5, np.float32), biases[0], np.zeros(3, np.float32), biases[1], biases[2]])
+    b_offs = (5, 5 + 64 + 3, 5 + 64 + 3 + 16)
+    x = rng.standard_normal((n_rows, kk)).astype(np.float32)
+    n = sum(sizes)
+    y = np.full((n_rows, n), np.nan, np.float32)
+    args = mv_args(kk, n, rb, n_rows, end0=64, end1=80, w_off=tuple(offs), bias=b_offs)
+    matvec_tier(k, tier, wtype, args, {1: blob, 2: x, 3: y, 4: bias_buf}, n, n_rows)
+    Ws = [dequantize(p[1], t).reshape(m, kk).astype(np.float64) for p, m in zip(parts, sizes)]
+    W = np.concatenate(Ws)
+    ref = x.astype(np.float64) @ W.T + np.concatenate(biases)
+    assert np.all(np.abs(y - ref) <= f32_dot_bound(x, W) + 4 * U * np.abs(ref) + 1e-30), np.abs(y - ref).max()
+
+    # gate (part 0) and up (part 1) -> silu(gate) * up, 64 columns
+    y = np.full((n_rows, 64), np.nan, np.float32)
+    up = random_weight(wtype, 64, kk, rng)[1]
+    blob2 = np.concatenate([up.reshape(-1), rng.integers(0, 256, gap, dtype=np.uint8), parts[0][1].reshape(-1)])
+    args = mv_args(kk, 64, rb, n_rows, w_off=(up.size + gap, 0, 0), swiglu=1)  # gate after up in the buffer
+    matvec_tier(k, tier, wtype, args, {1: blob2, 2: x, 3: y, 4: x}, 64, n_rows)
+    Wu = dequantize(up, t).reshape(64, kk).astype(np.float64)
+    g, u = x.astype(np.float64) @ Ws[0].T, x.astype(np.float64) @ Wu.T
+    ref = g / (1 + np.exp(-g)) * u
+    # silu'(g) <= 1.1: each product's error moves the output by at most 1.1 |u| eg + |silu(g)| eu, plus roundings
+    eg, eu = f32_dot_bound(x, Ws[0]), f32_dot_bound(x, Wu)
+    bound = 1.1 * np.abs(u) * eg + np.abs(g) * eu + eg * eu + 8 * U * np.abs(ref)
     assert np.all(np.abs(y - ref) <= bound + 1e-30), np.abs(y - ref).max()
 
 
@@ -214,6 +272,45 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
                    tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
         k.dispatch("attention_combine", {0: args, 1: partial, 2: split}, grid=(n_head, 1, 1), tg=(64, 1, 1))
         assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
+def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, rope_dim):
+    """The decode fusion computes exactly what the rope and kv_store kernels compute: the same rotated q,
+    the same cache bytes; a position outside the cache flags the error word and stores nothing."""
+    rows, n_head, n_head_kv, n_ctx = 3, 12, 2, 64
+    qc, dim = n_head * head_dim, n_head_kv * head_dim
+    row_bytes = {0: 4 * dim, 1: 2 * dim, 8: dim // 32 * 34}[kv_type]
+    q = rng.standard_normal((rows, qc)).astype(np.float32)
+    kx = (rng.standard_normal((rows, dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((rows, dim)).astype(np.float32)
+    pos = np.array([40, 7, 63], np.int32)
+    freq = (1e6 ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)).astype(np.float32)
+    # unfused: rope q, rope k, store
+    yq, yk = np.full_like(q, np.nan), np.full_like(kx, np.nan)
+    for x, y, c in ((q, yq, qc), (kx, yk, dim)):
+        k.dispatch("rope", {0: pack("IIIIII", c, head_dim, rope_dim, c, c, int(neox)), 1: x, 2: pos, 3: freq, 4: y},
+                   grid=((c // 2 + 63) // 64, rows, 1), tg=(64, 1, 1))
+    K1, V1 = np.zeros(n_ctx * row_bytes, np.uint8), np.zeros(n_ctx * row_bytes, np.uint8)
+    err = np.zeros(1, np.uint32)
+    k.dispatch("kv_store", {0: pack("IIIII", dim, n_ctx, dim, dim, kv_type), 1: yk, 2: v, 3: pos, 4: K1, 5: V1, 6: err},
+               grid=((dim + 63) // 64, rows, 1), tg=(64, 1, 1))
+    # fused
+    y = np.full_like(q, np.nan)
+    K2, V2 = np.zeros_like(K1), np.zeros_like(V1)
+    args = pack("I" * 11, qc, dim, head_dim, rope_dim, int(neox), qc, dim, dim, qc, n_ctx, kv_type)
+    fused = lambda p: k.dispatch(  # noqa: E731
+        "rope_kv_store", {0: args, 1: q, 2: kx, 3: v, 4: p, 5: freq, 6: y, 7: K2, 8: V2, 9: err},
+        grid=(rows, 1, 1), tg=(128, 1, 1), tg_bytes={0: dim * 4})
+    fused(pos)
+    assert err[0] == 0
+    assert np.array_equal(y, yq) and np.array_equal(K2, K1) and np.array_equal(V2, V1)
+    K2[:] = 0
+    fused(np.array([40, 64, 3], np.int32))  # row 1 is past the cache
+    assert err[0] == 2
+    written = K2.reshape(n_ctx, row_bytes).any(axis=1)
+    assert written[40] and written[3] and written.sum() == 2
 
 
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])

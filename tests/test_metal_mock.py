@@ -85,9 +85,10 @@ def build_driver() -> Path:
     return exe
 
 
-def tiny_qwen2(path: Path, rng) -> Path:
+def tiny_qwen2(path: Path, rng, uniform: bool = False) -> Path:
     """qwen2, vocab 256, hidden 256, 4 heads of 64 over 2 KV heads, ffn 512, 2 layers; matrices in
-    Q8_0 / Q4_0 / Q5_0 / Q5_1 / Q4_1 (reference quantizers) and Q4_K / Q6_K (random valid blocks)."""
+    Q8_0 / Q4_0 / Q5_0 / Q5_1 / Q4_1 (reference quantizers) and Q4_K / Q6_K (random valid blocks).
+    uniform: q, k, v all Q4_K and gate, up both Q5_1, so the fused projections share one dispatch."""
     V, E, H_, KV, HD, F, L = 256, 256, 4, 2, 64, 512, 2
 
     def quant(name, rows, cols, t):
@@ -107,13 +108,15 @@ def tiny_qwen2(path: Path, rng) -> Path:
         p = f"blk.{l}."
         tensors += [
             f32_tensor(p + "attn_norm.weight", rng.uniform(0.8, 1.2, E)),
-            kquant(p + "attn_q.weight", H_ * HD, E, 12), quant(p + "attn_k.weight", KV * HD, E, 2),
-            kquant(p + "attn_v.weight", KV * HD, E, 14), quant(p + "attn_output.weight", E, H_ * HD, 6),
+            kquant(p + "attn_q.weight", H_ * HD, E, 12),
+            kquant(p + "attn_k.weight", KV * HD, E, 12) if uniform else quant(p + "attn_k.weight", KV * HD, E, 2),
+            kquant(p + "attn_v.weight", KV * HD, E, 12 if uniform else 14),
+            quant(p + "attn_output.weight", E, H_ * HD, 6),
             f32_tensor(p + "attn_q.bias", rng.standard_normal(H_ * HD) * 0.1),
             f32_tensor(p + "attn_k.bias", rng.standard_normal(KV * HD) * 0.1),
             f32_tensor(p + "attn_v.bias", rng.standard_normal(KV * HD) * 0.1),
             f32_tensor(p + "ffn_norm.weight", rng.uniform(0.8, 1.2, E)),
-            quant(p + "ffn_gate.weight", F, E, 7), quant(p + "ffn_up.weight", F, E, 3),
+            quant(p + "ffn_gate.weight", F, E, 7), quant(p + "ffn_up.weight", F, E, 7 if uniform else 3),
             kquant(p + "ffn_down.weight", E, F, 14),
         ]
     kv = [("general.architecture", STR, "qwen2"), ("qwen2.block_count", U32, L), ("qwen2.embedding_length", U32, E),
@@ -169,10 +172,11 @@ def forward64(path, tokens):
 def run_driver(exe: Path, model: Path, **env) -> dict:
     e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_METAL_TIMEOUT_S="600", **env)
     r = subprocess.run([str(exe), str(model)], capture_output=True, text=True, env=e, timeout=900)
-    line = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
-    m = re.match(r"max_abs_diff (\S+) scale (\S+) splits (\d+) greedy (\d+)", line)
-    assert r.returncode == 0 and m, (r.stdout[-2000:], r.stderr[-3000:])
-    return dict(diff=float(m[1]), scale=float(m[2]), splits=int(m[3]), greedy=int(m[4]))
+    lines = r.stdout.strip().splitlines()
+    m = re.match(r"max_abs_diff (\S+) scale (\S+) splits (\d+) greedy (\d+)", lines[-1] if lines else "")
+    assert r.returncode == 0 and m and lines[-2].startswith("ops "), (r.stdout[-2000:], r.stderr[-3000:])
+    ops = {k: int(v) for k, v in (item.split("=") for item in lines[-2].split()[1:])}
+    return dict(diff=float(m[1]), scale=float(m[2]), splits=int(m[3]), greedy=int(m[4]), ops=ops)
 
 
 @pytest.fixture(scope="module")
@@ -198,6 +202,38 @@ def test_forward_pass_on_the_mock_device(setup, tmp_path):
     assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(got - ref).max()
 
 
+@pytest.mark.parametrize("uniform", [False, True], ids=["mixed-types", "one-type"])
+def test_decode_fusions_on_the_mock_device(setup, tmp_path, uniform):
+    """Metal runs the fused graph: q|k|v one node (one dispatch when the three share a type, one per
+    type otherwise), gate/up + SwiGLU one node (one dispatch when they share a type, else gate, up and
+    SwiGLU), RoPE + KV store one kernel -- in the prompt (GEMM tier) and in decode (matvec tier).  Fused
+    and unfused runs both stay within the forward test's bound of the float64 model."""
+    exe, model = setup
+    if uniform:
+        model = tiny_qwen2(tmp_path / "uniform.gguf", np.random.default_rng(8), uniform=True)
+    fused = run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "fused.f32"),
+                       MOCK_METAL_TRACE=str(tmp_path / "fused.trace"))
+    plain = run_driver(exe, model, METAL_FORWARD_FUSE="0", METAL_FORWARD_DUMP=str(tmp_path / "plain.f32"),
+                       MOCK_METAL_TRACE=str(tmp_path / "plain.trace"))
+    ops = fused["ops"]
+    assert ops.get("FusedQKV") == 2 and ops.get("FusedFFN") == 2 and ops.get("RopeKvStore") == 2, ops
+    assert "Rope" not in ops and "KvStore" not in ops and "Silu" not in ops, ops
+    assert "FusedQKV" not in plain["ops"] and plain["ops"].get("KvStore") == 2, plain["ops"]
+    # the first decode step's command buffer (the prompt's is the first line)
+    step = {name: (tmp_path / f"{name}.trace").read_text().splitlines()[1].split() for name in ("fused", "plain")}
+    # per layer one Q4_K dispatch: q|k|v together (one type), or q alone (k and v have other types)
+    assert step["fused"].count("matvec_q4_K") == 2 and step["fused"].count("rope_kv_store") == 2, step["fused"]
+    assert step["fused"].count("matvec_q5_1") == 2 and "rope" not in step["fused"] and "kv_store" not in step["fused"]
+    # per layer: rope, rope, kv_store -> 1 and silu, mul -> swiglu; with one type also q, k, v -> 1 and
+    # gate, up, swiglu -> 1 (biases ride in the matvec either way)
+    saved = 2 * (3 + (2 + 2 if uniform else 0))
+    assert len(step["plain"]) - len(step["fused"]) == saved, (len(step["fused"]), len(step["plain"]))
+    ref = forward64(str(model), TOKENS)
+    for name in ("fused", "plain"):
+        got = np.fromfile(tmp_path / f"{name}.f32", np.float32).reshape(ref.shape)
+        assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max(), (name, np.abs(got - ref).max())
+
+
 def test_mixed_metal_cpu_splits(setup, tmp_path):
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "metal.f32"))
@@ -219,10 +255,11 @@ def test_attention_variants_agree(setup, tmp_path):
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 
 
-@pytest.mark.parametrize("tier", ["matvec", "simdgroup"])
+@pytest.mark.parametrize("tier", ["matvec", "rows", "simdgroup"])
 def test_matmul_tiers_agree(setup, tmp_path, tier):
     """MINFER_METAL_MATMUL forces one matmul tier for every row count (the A/B switch): the single-token
-    tier four rows at a time, or the simdgroup-matrix tier even for one row.  The forced run computes
+    tier (one activation row per threadgroup row), the small-batch tier (groups of 8 rows, even for one
+    row), or the simdgroup-matrix tier even for one row.  The forced run computes
     differently (other summation orders) and stays within the forward test's bound of the float64 model."""
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "auto.f32"))

@@ -159,6 +159,43 @@ struct Fuser {
         }
     }
 
+    // KvStore(Rope(k), v) and the Rope(q) its layer's Attn reads, at the same
+    // positions with the same rotation: one node that rotates q (its output),
+    // rotates k and stores k and v.  The Attn reads q from it and, as its
+    // ordering input, waits on it.
+    void rope_store() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            const Node& S = g.nodes[i];
+            if (dead[i] || S.op != Op::KvStore || consumers[i].size() != 1) continue;
+            const int st = int(i), attn = consumers[i][0], rk = S.in[0].node;
+            Node& A = at(attn);
+            if (A.op != Op::Attn || A.in[2].node != st) continue;
+            const int rq = A.in[0].node;
+            const Node &RK = at(rk), &RQ = at(rq);
+            if (RK.op != Op::Rope || RQ.op != Op::Rope || !whole(S.in[0]) || !whole(A.in[0]) ||
+                !sole_consumer(rk, st) || !sole_consumer(rq, attn))
+                continue;
+            if (!same(RQ.in[1], RK.in[1]) || !same(RQ.in[1], S.in[2]) || RQ.meta.head_dim != RK.meta.head_dim ||
+                RQ.meta.rope_dim != RK.meta.rope_dim || RQ.meta.rope_base != RK.meta.rope_base ||
+                RQ.meta.rope_neox != RK.meta.rope_neox || RQ.meta.head_dim != S.meta.head_dim ||
+                !can(Op::RopeKvStore, {rq, rk, st}))
+                continue;
+            NodeMeta m = S.meta;
+            m.rope_dim = RQ.meta.rope_dim;
+            m.rope_base = RQ.meta.rope_base;
+            m.rope_neox = RQ.meta.rope_neox;
+            Node& F = at(rq);
+            F.in = {RQ.in[0], RK.in[0], S.in[1], S.in[2]};
+            F.op = Op::RopeKvStore;
+            F.meta = m;
+            F.name = "blk." + std::to_string(m.layer) + ".rope_kv_store";
+            A.in[2] = NodeInput{rq, 0, -1};
+            dead[size_t(rk)] = dead[i] = true;
+            rewrites++;
+        }
+    }
+
     void compact() {
         std::vector<int> remap(g.nodes.size(), -1);
         std::vector<Node> kept;
@@ -185,6 +222,7 @@ int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
     f.ffn();
     f.qkv();
     f.qkv_norm();
+    f.rope_store();
     f.compact();
     return f.rewrites;
 }

@@ -5,7 +5,7 @@ namespace minfer {
 const char* op_name(Op op) {
     static const char* names[] = {"Input", "GetRows", "TailRow", "RmsNorm", "QkNorm", "MatMul",
                                   "Rope", "KvStore", "Attn", "Add", "Mul", "Silu",
-                                  "SwiGLU", "FusedQKV", "FusedQkvNorm", "FusedFFN"};
+                                  "SwiGLU", "FusedQKV", "FusedQkvNorm", "FusedFFN", "RopeKvStore"};
     static_assert(sizeof(names) / sizeof(names[0]) == size_t(Op::Count), "op names");
     return unsigned(op) < unsigned(Op::Count) ? names[unsigned(op)] : "?";
 }

@@ -30,6 +30,8 @@ enum class Op : uint8_t {
     FusedQKV,      // [q | k | v] = x [Wq | Wk | Wv]^T + biases           (fusion of 3 MatMuls)
     FusedQkvNorm,  // FusedQKV, then QkNorm of the q and k parts (qwen3)
     FusedFFN,      // silu(x Wg^T) * (x Wu^T)                              (fusion of 2 MatMuls + SwiGLU)
+    RopeKvStore,   // rope(q) out; rope(k) and v stored at the positions    (fusion of 2 Ropes + KvStore)
+                   // inputs q, k, v, positions; the layer's Attn reads q from it and orders after it
     Count
 };
 const char* op_name(Op op);

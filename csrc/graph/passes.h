@@ -23,7 +23,8 @@ struct BackendSlot {
 void assign_backends(Graph& g, const std::vector<BackendSlot>& slots, const std::string& pattern);
 
 // Rewrites Mul(Silu(a), b) -> SwiGLU, gate/up MatMuls + SwiGLU -> FusedFFN,
-// q/k/v MatMuls -> FusedQKV (+ the QkNorms -> FusedQkvNorm), each only where
+// q/k/v MatMuls -> FusedQKV (+ the QkNorms -> FusedQkvNorm), the q and k
+// Ropes with the KvStore -> RopeKvStore, each only where
 // all the nodes involved sit on one backend whose supports_fused says yes.
 // Returns the number of rewrites.
 int fuse(Graph& g, const std::vector<BackendSlot>& slots);

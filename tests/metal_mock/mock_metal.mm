@@ -180,6 +180,13 @@ struct Recorded {
 }
 - (void)commit {
     _status = MTLCommandBufferStatusCommitted;
+    if (const char* trace = std::getenv("MOCK_METAL_TRACE")) {  // one line per command buffer: its kernels
+        if (FILE* f = std::fopen(trace, "a")) {
+            for (const Recorded& r : _work) std::fprintf(f, "%s ", r.kernel.c_str());
+            std::fprintf(f, "\n");
+            std::fclose(f);
+        }
+    }
     [self retain];
     _thread = new std::thread([self] {
         for (Recorded& r : _work) {

@@ -13,6 +13,9 @@
 #include <cstdlib>
 #include <vector>
 
+#include <map>
+#include <string>
+
 #include "runtime/session.h"
 
 using namespace minfer;
@@ -27,6 +30,7 @@ int main(int argc, char** argv) {
         co.device = "cpu";
         mo.n_ctx = co.n_ctx = 1024;  // two KV splits: decode takes attention_split
         mo.n_threads = co.n_threads = 1;
+        if (const char* f = std::getenv("METAL_FORWARD_FUSE")) mo.fuse = std::atoi(f) != 0;
         Session metal(model, mo), cpu(model, co);
         if (metal.device() != "metal") {
             std::printf("error: session runs on %s\n", metal.device().c_str());
@@ -74,7 +78,11 @@ int main(int argc, char** argv) {
                 return 1;
             }
         }
-        std::printf("max_abs_diff %.6g scale %.6g splits %zu greedy %d\n", d, s, metal.plan(1, false).splits().size(),
+        std::map<std::string, int> ops;  // the decode graph's ops, as the fusion pass left them
+        for (const Node& node : metal.plan(1, false).graph().nodes) ops[op_name(node.op)]++;
+        std::printf("ops");
+        for (const auto& [op, count] : ops) std::printf(" %s=%d", op.c_str(), count);
+        std::printf("\nmax_abs_diff %.6g scale %.6g splits %zu greedy %d\n", d, s, metal.plan(1, false).splits().size(),
                     metal.eval_greedy(&tok, 1, n + 3));
         return 0;
     } catch (const std::exception& e) {

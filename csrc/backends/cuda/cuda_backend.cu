@@ -52,7 +52,8 @@ class CudaBackend : public Backend {
     const char* name() const override { return "cuda"; }
     bool supports_op(const Node& node) const override;
     bool supports_fused(Op fused) const override {
-        return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedFFN;
+        return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
+               fused == Op::RopeKvStore;
     }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
 
@@ -240,9 +241,12 @@ bool CudaBackend::supports_op(const Node& node) const {
             return has_weight(node.meta.weight);
         case Op::FusedQKV:
             return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv);
+        case Op::FusedQkvNorm:
+            return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) &&
+                   f32_weight(node.meta.q_norm) && f32_weight(node.meta.k_norm);
         case Op::FusedFFN:
             return has_weight(node.meta.w_gate) && has_weight(node.meta.w_up);
-        case Op::KvStore: case Op::Attn:
+        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             return (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
                     node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
         default:
@@ -452,6 +456,15 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::FusedQKV:
             return project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
                                      proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+        case Op::FusedQkvNorm: {  // the projections, then qwen3's per-head norms of q and k in place
+            project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                              proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+            float* y = at(a.out);
+            cuda::rmsnorm(y, a.out.ld, y, a.out.ld, rows, m.q_cols, m.head_dim, (const float*)weight(m.q_norm).p, m.eps,
+                          stream_);
+            return cuda::rmsnorm(y + m.q_cols, a.out.ld, y + m.q_cols, a.out.ld, rows, m.k_cols, m.head_dim,
+                                 (const float*)weight(m.k_norm).p, m.eps, stream_);
+        }
         case Op::FusedFFN:
             return project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);
         case Op::Rope:
@@ -460,6 +473,13 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::KvStore:
             return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
                                   m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
+        case Op::RopeKvStore: {
+            cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
+                                    m.rope_neox, m.kv_type, m.n_ctx};
+            return cuda::rope_kv_store(sh, at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.in[2]), ld(2),
+                                       (const int32_t*)at(a.in[3]), at(a.out), a.out.ld, raw(a.kv_k), raw(a.kv_v),
+                                       err_dev_, stream_);
+        }
         case Op::Attn: {
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
             const size_t need = attention_scratch_floats(s);

@@ -62,6 +62,18 @@ void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
               int rows, int dim, int n_ctx, void* K, void* V, uint32_t* err, cudaStream_t s);
 
+// rope(q) into y, rope(k) and v stored at the rows' positions: the decode fusion (norm_rope.cu).
+struct RopeStoreShape {
+    int rows, q_cols, kv_dim, head_dim, rope_dim;
+    float base;
+    bool neox;
+    uint32_t kv_type;
+    int n_ctx;
+};
+void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                   int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
+                   cudaStream_t s);
+
 // Causal GQA attention of q over the cache, split over the KV length (attention.cu).
 struct AttnShape {
     int rows, n_head, n_head_kv, head_dim, n_ctx;

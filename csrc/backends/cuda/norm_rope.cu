@@ -12,7 +12,7 @@ namespace {
 
 // One block per (row, group); an f32 sum of squares (tree-reduced, so its
 // error grows with log(width)), checked against the float64 reference in tests.
-__global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t ldx, float* __restrict__ y, int64_t ldy,
+__global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ldy,  // may run in place
                                int width, const float* __restrict__ w, float eps) {
     __shared__ float scratch[32];
     const float* xr = x + int64_t(blockIdx.x) * ldx + int64_t(blockIdx.y) * width;
@@ -24,8 +24,17 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int64_t ldx, float* 
     for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
-// One thread per rotated pair.  The angle is computed in double: at position
-// 30000 a float angle would be off by ~1e-3 rad.
+// The rotation of one pair: the angle in double (at position 30000 a float
+// angle would be off by ~1e-3 rad), the products in double, one rounding.
+__device__ __forceinline__ void rotate_pair(const float* xh, float* yh, int i, int half, bool neox, double cs,
+                                            double sn) {
+    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
+    const double x0 = xh[i0], x1 = xh[i1];
+    yh[i0] = float(x0 * cs - x1 * sn);
+    yh[i1] = float(x0 * sn + x1 * cs);
+}
+
+// One thread per rotated pair.
 __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __restrict__ y, int64_t ldy,
                             const int32_t* __restrict__ pos, int cols, int head_dim, int rope_dim, float base,
                             bool neox) {
@@ -45,14 +54,34 @@ __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __r
     const double theta = double(pos[r]) * pow(double(base), -2.0 * i / rope_dim);
     double sn, cs;
     sincos(theta, &sn, &cs);
-    const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
-    const double x0 = xh[i0], x1 = xh[i1];
-    yh[i0] = float(x0 * cs - x1 * sn);
-    yh[i1] = float(x0 * sn + x1 * cs);
+    rotate_pair(xh, yh, i, half, neox, cs, sn);
 }
 
-// One block per row, one thread per 32 values: f32/f16 copy or q8_0 quantization
-// (amax / 127, round half away from zero, as quantize_row_act does).
+// One k or v row into the cache at position p: f32/f16 copy or q8_0 blocks
+// (amax / 127, round half away from zero, as quantize_row_act does); the
+// block's threads share the work, one thread per 32 values for q8_0.
+__device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int p, int dim) {
+    if (kv_type == GGML_TYPE_F32) {
+        float* d = (float*)dst + int64_t(p) * dim;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = src[i];
+    } else if (kv_type == GGML_TYPE_F16) {
+        __half* d = (__half*)dst + int64_t(p) * dim;
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = __float2half_rn(src[i]);
+    } else {
+        uint8_t* row = dst + int64_t(p) * (dim / 32) * 34;
+        for (int b = threadIdx.x; b < dim / 32; b += blockDim.x) {
+            const float* xb = src + b * 32;
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
+            const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            uint8_t* blk = row + b * 34;
+            *(__half*)blk = __float2half_rn(d);
+            for (int j = 0; j < 32; j++) ((int8_t*)blk)[2 + j] = int8_t(roundf(xb[j] * id));
+        }
+    }
+}
+
+// One block per row.
 __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, int64_t ldk, const float* __restrict__ v,
                                 int64_t ldv, const int32_t* __restrict__ pos, int dim, int n_ctx, uint8_t* K,
                                 uint8_t* V, uint32_t* err) {
@@ -62,28 +91,52 @@ __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, i
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         return;
     }
-    for (int which = 0; which < 2; which++) {
-        const float* src = (which ? v + int64_t(r) * ldv : k + int64_t(r) * ldk);
-        uint8_t* dst = which ? V : K;
-        if (kv_type == GGML_TYPE_F32) {
-            float* d = (float*)dst + int64_t(p) * dim;
-            for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = src[i];
-        } else if (kv_type == GGML_TYPE_F16) {
-            __half* d = (__half*)dst + int64_t(p) * dim;
-            for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = __float2half_rn(src[i]);
+    store_row(kv_type, k + int64_t(r) * ldk, K, p, dim);
+    store_row(kv_type, v + int64_t(r) * ldv, V, p, dim);
+}
+
+// The decode fusion of rope(q), rope(k) and the KV store, one block per row:
+// the row's cos/sin table (one double sincos per frequency, shared by every
+// head of q and k), q rotated into y, k rotated into shared memory (a q8_0
+// block needs all 32 of its rotated values), then k and v stored.  Same
+// arithmetic as rope_kernel + kv_store_kernel, so the results are identical.
+__global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict__ q, int64_t ldq,
+                                     const float* __restrict__ k, int64_t ldk, const float* __restrict__ v, int64_t ldv,
+                                     const int32_t* __restrict__ pos, float* __restrict__ y, int64_t ldy, uint8_t* K,
+                                     uint8_t* V, uint32_t* err) {
+    extern __shared__ double table[];  // cos[half], sin[half], then the rotated k row (floats)
+    const int r = blockIdx.x, half = sh.rope_dim / 2, pairs = sh.head_dim / 2;
+    double* cs = table;
+    double* sn = table + half;
+    float* kr = (float*)(table + 2 * half);
+    const int p = pos[r];
+    if (p < 0 || p >= sh.n_ctx) {  // uniform over the block: nothing stored, no barrier reached
+        if (threadIdx.x == 0) atomicOr(err, kBadPosition);
+        return;
+    }
+    for (int i = threadIdx.x; i < half; i += blockDim.x)
+        sincos(double(p) * pow(double(sh.base), -2.0 * i / sh.rope_dim), &sn[i], &cs[i]);
+    __syncthreads();
+    const float* qr = q + int64_t(r) * ldq;
+    float* yr = y + int64_t(r) * ldy;
+    const float* kx = k + int64_t(r) * ldk;
+    const int q_pairs = sh.q_cols / 2;
+    for (int t = threadIdx.x; t < q_pairs + sh.kv_dim / 2; t += blockDim.x) {
+        const bool is_q = t < q_pairs;
+        const int u = is_q ? t : t - q_pairs, h = u / pairs, i = u % pairs;
+        const float* xh = (is_q ? qr : kx) + h * sh.head_dim;
+        float* oh = (is_q ? yr : kr) + h * sh.head_dim;
+        if (i >= half) {
+            const int j = sh.rope_dim + 2 * (i - half);
+            oh[j] = xh[j];
+            oh[j + 1] = xh[j + 1];
         } else {
-            uint8_t* row = dst + int64_t(p) * (dim / 32) * 34;
-            for (int b = threadIdx.x; b < dim / 32; b += blockDim.x) {
-                const float* xb = src + b * 32;
-                float amax = 0.0f;
-                for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
-                const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-                uint8_t* blk = row + b * 34;
-                *(__half*)blk = __float2half_rn(d);
-                for (int j = 0; j < 32; j++) ((int8_t*)blk)[2 + j] = int8_t(roundf(xb[j] * id));
-            }
+            rotate_pair(xh, oh, i, half, sh.neox, cs[i], sn[i]);
         }
     }
+    __syncthreads();
+    store_row(sh.kv_type, kr, K, p, sh.kv_dim);
+    store_row(sh.kv_type, v + int64_t(r) * ldv, V, p, sh.kv_dim);
 }
 
 }  // namespace
@@ -114,6 +167,20 @@ void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int
     kv_store_kernel<<<unsigned(rows), 128, 0, s>>>(kv_type, k, ldk, v, ldv, pos, dim, n_ctx, (uint8_t*)K, (uint8_t*)V,
                                                    err);
     check_launch("kv_store");
+}
+
+void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
+                   int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
+                   cudaStream_t s) {
+    if (sh.head_dim <= 0 || sh.q_cols % sh.head_dim || sh.kv_dim % sh.head_dim || sh.rope_dim > sh.head_dim ||
+        sh.rope_dim % 2 || (sh.kv_type == GGML_TYPE_Q8_0 && sh.kv_dim % 32))
+        throw MinferError(strfmt("CUDA rope_kv_store: q %d, kv %d columns, head_dim %d, rope_dim %d", sh.q_cols,
+                                 sh.kv_dim, sh.head_dim, sh.rope_dim));
+    const size_t smem = size_t(sh.rope_dim) * sizeof(double) + size_t(sh.kv_dim) * sizeof(float);
+    if (smem > 48 * 1024) throw MinferError(strfmt("CUDA rope_kv_store: a KV row of %d values is too wide", sh.kv_dim));
+    rope_kv_store_kernel<<<unsigned(sh.rows), 256, smem, s>>>(sh, q, ldq, k, ldk, v, ldv, pos, y, ldy, (uint8_t*)K,
+                                                            (uint8_t*)V, err);
+    check_launch("rope_kv_store");
 }
 
 }  // namespace minfer::cuda

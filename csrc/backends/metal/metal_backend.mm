@@ -159,7 +159,10 @@ class MetalBackend : public Backend {
     ~MetalBackend() override;
     const char* name() const override { return "metal"; }
     bool supports_op(const Node& node) const override;
-    bool supports_fused(Op) const override { return false; }
+    bool supports_fused(Op fused) const override {
+        return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
+               fused == Op::RopeKvStore;
+    }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
 
     int alloc_buffer(size_t n_floats) override;
@@ -190,6 +193,16 @@ class MetalBackend : public Backend {
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
     id<MTLBuffer> rope_freqs(int rope_dim, float base);
+    struct Part {  // one weight of a (possibly fused) projection and where its columns go
+        const MetalWeight* w;
+        const MetalWeight* bias;  // nullptr: none
+        uint n, y_col;
+    };
+    Part part(const std::string& w, const std::string& bias, uint n, uint y_col) const;
+    void project(const Node& node, const ExecArgs& a, const std::vector<Part>& parts, bool swiglu);
+    void matvec_group(const char* tier, uint rows, const BufRef& x, const Bound& out, uint y_ld, const Part* p, size_t n,
+                      bool swiglu);
+    id<MTLBuffer> scratch(size_t bytes);
 
     MetalDevice& dev_;
     std::map<std::string, MetalWeight> weights_;
@@ -198,8 +211,13 @@ class MetalBackend : public Backend {
     id<MTLBuffer> err_ = nil;  // uint32 error word the kernels set (bad token id, bad position)
     id<MTLBuffer> token_ = nil;  // the argmax kernel's int result
     id<MTLBuffer> partial_ = nil;  // attention_split's partials
+    id<MTLBuffer> scratch_ = nil;  // the up projection of a FusedFFN whose gate and up cannot share a dispatch
     bool attn_split_ = true;       // MINFER_METAL_ATTN=flash turns the KV-split decode variant off (A/B)
-    uint mm_min_rows_ = 5;         // MINFER_METAL_MATMUL=matvec|simdgroup forces one matmul tier (A/B)
+    // Matmul tiers by activation rows: [1, rows_min_) single-token, [rows_min_, mm_min_rows_) small batch,
+    // the rest the simdgroup-matrix GEMM.  Not measured on a Mac: one row is what the single-token kernel is
+    // for; past 8 rows the small-batch kernel reads each weight once per group of 8, so the GEMM tile takes
+    // over.  MINFER_METAL_MATMUL=matvec|rows|simdgroup forces one tier (A/B).
+    uint rows_min_ = 2, mm_min_rows_ = 9;
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
@@ -216,9 +234,12 @@ MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()
     timeout_s_ = seconds_from_env("MINFER_METAL_TIMEOUT_S", 10.0);
     cpu_ops_ = ops_from_env("MINFER_METAL_CPU_OPS");
     if (const char* v = std::getenv("MINFER_METAL_MATMUL")) {
-        if (std::strcmp(v, "matvec") && std::strcmp(v, "simdgroup") && std::strcmp(v, "auto"))
-            throw MinferError(strfmt("MINFER_METAL_MATMUL must be 'auto', 'matvec' or 'simdgroup', got '%s'", v));
-        mm_min_rows_ = !std::strcmp(v, "matvec") ? UINT32_MAX : !std::strcmp(v, "simdgroup") ? 1 : 5;
+        const std::string t = v;
+        if (t == "matvec") rows_min_ = mm_min_rows_ = UINT32_MAX;
+        else if (t == "rows") rows_min_ = 1, mm_min_rows_ = UINT32_MAX;
+        else if (t == "simdgroup") rows_min_ = mm_min_rows_ = 1;
+        else if (t != "auto")
+            throw MinferError(strfmt("MINFER_METAL_MATMUL must be 'auto', 'matvec', 'rows' or 'simdgroup', got '%s'", v));
     }
     if (const char* v = std::getenv("MINFER_METAL_ATTN")) {
         if (std::strcmp(v, "flash") && std::strcmp(v, "split"))
@@ -284,7 +305,17 @@ bool MetalBackend::supports_op(const Node& node) const {
                    (node.meta.bias.empty() || has(node.meta.bias, true));
         case Op::GetRows:
             return has(node.meta.weight, false);
-        case Op::KvStore: case Op::Attn:
+        case Op::FusedQKV: case Op::FusedQkvNorm: case Op::FusedFFN: {
+            const NodeMeta& m = node.meta;
+            const bool ffn = node.op == Op::FusedFFN;
+            for (const std::string* w : ffn ? std::vector<const std::string*>{&m.w_gate, &m.w_up}
+                                            : std::vector<const std::string*>{&m.wq, &m.wk, &m.wv})
+                if (!has(*w, false) || weights_.at(*w).cols % 32) return false;
+            for (const std::string* b : {&m.bq, &m.bk, &m.bv})
+                if (!ffn && !b->empty() && !has(*b, true)) return false;
+            return node.op != Op::FusedQkvNorm || (has(m.q_norm, true) && has(m.k_norm, true));
+        }
+        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;
@@ -439,6 +470,117 @@ id<MTLBuffer> MetalBackend::rope_freqs(int rope_dim, float base) {
     return b;
 }
 
+MetalBackend::Part MetalBackend::part(const std::string& w, const std::string& bias, uint n, uint y_col) const {
+    return Part{&weight(w), bias.empty() ? nullptr : &weight(bias), n, y_col};
+}
+
+id<MTLBuffer> MetalBackend::scratch(size_t bytes) {
+    if (!scratch_ || [scratch_ length] < bytes)  // an encoded dispatch keeps the old buffer alive (retained)
+        scratch_ = [dev_.device newBufferWithLength:bytes options:MTLResourceStorageModeShared];
+    if (!scratch_) throw OutOfMemoryError(strfmt("Metal: a scratch buffer of %zu bytes could not be allocated", bytes));
+    return scratch_;
+}
+
+// One dispatch of a matvec tier over n parts that share a type and a buffer (so one kernel reads them all at
+// byte offsets from the lowest); their biases, if any, likewise from one buffer.
+void MetalBackend::matvec_group(const char* tier, uint rows, const BufRef& x, const Bound& out, uint y_ld,
+                                const Part* p, size_t n, bool swiglu) {
+    const MetalWeight& w0 = *p[0].w;
+    const uint K = uint(w0.cols), rb = uint(w0.nbytes / size_t(w0.rows));
+    size_t lo = SIZE_MAX, hi = 0, blo = SIZE_MAX, bhi = 0;
+    for (size_t i = 0; i < n; i++) {
+        lo = std::min(lo, p[i].w->offset);
+        hi = std::max(hi, p[i].w->offset + p[i].w->nbytes);
+        if (p[i].bias) {
+            blo = std::min(blo, p[i].bias->offset);
+            bhi = std::max(bhi, p[i].bias->offset + size_t(p[i].n) * 4);
+        }
+    }
+    uint w_off[3] = {0, 0, 0}, b_off[3] = {0, 0, 0}, end[3] = {0, 0, 0}, total = 0;
+    for (size_t i = 0; i < n; i++) {
+        w_off[i] = uint(p[i].w->offset - lo);
+        if (p[i].bias) b_off[i] = uint((p[i].bias->offset - blo) / 4);
+        total = swiglu ? p[0].n : total + p[i].n;
+        end[i] = total;
+    }
+    const bool bias = p[0].bias != nullptr;
+    MatvecArgs mv{K, total, rb, uint(x.ld), y_ld, rows, n > 1 && !swiglu ? end[0] : total,
+                  n > 2 ? end[1] : total, w_off[0], w_off[1], w_off[2], bias ? 1u : 0u, b_off[0], b_off[1], b_off[2],
+                  swiglu ? 1u : 0u};
+    const Bound wb{w0.buffer, lo, hi - lo};
+    const Bound bb = bias ? Bound{p[0].bias->buffer, blo, bhi - blo} : wb;  // unread without a bias
+    const bool small = std::strcmp(tier, "matvec") == 0;
+    const std::string k = std::string(tier) + "_" + type_suffix(w0.type);
+    dispatch(k.c_str(), &mv, sizeof mv, {wb, at(x, rows, K), out, bb},
+             MTLSizeMake((total + 3) / 4, small ? rows : (rows + 7) / 8, 1), MTLSizeMake(128, 1, 1));
+}
+
+// x W^T (+ bias) for one weight or a fused set: q|k|v into adjacent column windows, or gate/up with SwiGLU.
+// Decode and small batches: the matvec tiers, parts that can share a dispatch sharing one; larger batches:
+// the simdgroup-matrix GEMM per part, then the bias and SwiGLU elementwise.
+void MetalBackend::project(const Node& node, const ExecArgs& a, const std::vector<Part>& parts, bool swiglu) {
+    const uint rows = uint(node.rows), K = uint(parts[0].w->cols);
+    for (const Part& p : parts)
+        if (uint(p.w->cols) != K)
+            throw MinferError(strfmt("Metal '%s': fused weights of different widths", node.name.c_str()));
+    const uint y_ld = uint(a.out.ld);
+    auto window = [&](uint col, uint n) {  // columns [col, col + n) of the output
+        BufRef r = a.out;
+        r.offset += col;
+        return at(r, rows, n);
+    };
+    const uint up_n = swiglu ? parts[1].n : 0;
+    id<MTLBuffer> up = nil;  // where the up projection goes when it is not fused with the gate
+    if (rows < mm_min_rows_) {
+        const char* tier = rows < rows_min_ ? "matvec" : "matmul_rows";
+        auto joins = [&](const Part& g, const Part& p) {  // can p share g's dispatch?
+            return p.w->type == g.w->type && p.w->buffer == g.w->buffer && (p.bias != nullptr) == (g.bias != nullptr) &&
+                   (!p.bias || p.bias->buffer == g.bias->buffer) && p.w->nbytes / size_t(p.w->rows) == g.w->nbytes / size_t(g.w->rows) &&
+                   std::max(p.w->offset + p.w->nbytes, g.w->offset + g.w->nbytes) - std::min(p.w->offset, g.w->offset) <= UINT32_MAX;
+        };
+        if (swiglu && joins(parts[0], parts[1]))
+            return matvec_group(tier, rows, a.in[0], window(0, parts[0].n), y_ld, parts.data(), 2, true);
+        if (swiglu) {  // gate into the output, up into scratch, then silu(gate) * up
+            up = scratch(size_t(rows) * up_n * 4);
+            matvec_group(tier, rows, a.in[0], window(0, parts[0].n), y_ld, &parts[0], 1, false);
+            matvec_group(tier, rows, a.in[0], Bound{up, 0, size_t(rows) * up_n * 4}, up_n, &parts[1], 1, false);
+        } else {
+            for (size_t i = 0; i < parts.size();) {  // consecutive parts that can share a dispatch
+                size_t n = 1;
+                while (i + n < parts.size() && n < 3 && joins(parts[i], parts[i + n])) n++;
+                uint width = 0;
+                for (size_t j = i; j < i + n; j++) width += parts[j].n;
+                matvec_group(tier, rows, a.in[0], window(parts[i].y_col, width), y_ld, &parts[i], n, false);
+                i += n;
+            }
+            return;
+        }
+    } else {
+        if (swiglu) up = scratch(size_t(rows) * up_n * 4);
+        for (size_t i = 0; i < parts.size(); i++) {  // the simdgroup-matrix tier: 32 x 64 output tiles
+            const Part& p = parts[i];
+            const MetalWeight& w = *p.w;
+            const size_t rb = w.nbytes / size_t(w.rows);
+            const bool to_up = swiglu && i == 1;
+            const Bound dst = to_up ? Bound{up, 0, size_t(rows) * up_n * 4} : window(p.y_col, p.n);
+            MatmulArgs mm{K, p.n, rows, uint(rb), uint(a.in[0].ld), to_up ? up_n : y_ld};
+            const std::string k = std::string("matmul_mm_") + type_suffix(w.type);
+            dispatch(k.c_str(), &mm, sizeof mm, {Bound{w.buffer, w.offset, rb * p.n}, at(a.in[0], rows, K), dst},
+                     MTLSizeMake((p.n + 63) / 64, (rows + 31) / 32, 1), MTLSizeMake(128, 1, 1),
+                     {64 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4});
+            if (p.bias) {
+                EwArgs e{p.n, y_ld, 0, y_ld, EW_ADD};  // b_ld 0: the bias row for every row
+                dispatch("elementwise", &e, sizeof e, {dst, Bound{p.bias->buffer, p.bias->offset, p.n * 4}, dst},
+                         MTLSizeMake((p.n + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
+            }
+        }
+        if (!swiglu) return;
+    }
+    const Bound g = window(0, parts[0].n), u{up, 0, size_t(rows) * up_n * 4};
+    EwArgs e{up_n, y_ld, up_n, y_ld, EW_SWIGLU};
+    dispatch("elementwise", &e, sizeof e, {g, u, g}, MTLSizeMake((up_n + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
+}
+
 void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
     usable();
     const NodeMeta& m = node.meta;
@@ -472,34 +614,37 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             return dispatch("rms_norm", &n, sizeof n, {in(0, cols), Bound{w.buffer, w.offset, width * 4}, out},
                             MTLSizeMake(rows, cols / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
         }
-        case Op::MatMul: {
-            const MetalWeight& w = weight(m.weight);
-            const size_t rb = w.nbytes / size_t(w.rows);
-            if (rows >= mm_min_rows_) {  // the simdgroup-matrix tier: 32 x 64 output tiles
-                MatmulArgs mm{uint(w.cols), cols, rows, uint(rb), uint(a.in[0].ld), uint(a.out.ld)};
-                const std::string k = std::string("matmul_mm_") + type_suffix(w.type);
-                dispatch(k.c_str(), &mm, sizeof mm, {Bound{w.buffer, w.offset, rb * cols}, in(0, w.cols), out},
-                         MTLSizeMake((cols + 63) / 64, (rows + 31) / 32, 1), MTLSizeMake(128, 1, 1),
-                         {64 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4});
-            }
-            const std::string k = std::string("matvec_") + type_suffix(w.type);
-            for (uint r0 = 0; rows < mm_min_rows_ && r0 < rows; r0 += 4) {  // the single-token tier, 4 rows at a time
-                const uint n = std::min(4u, rows - r0);
-                MatvecArgs mv{uint(w.cols), cols, uint(rb), uint(a.in[0].ld), uint(a.out.ld), n};
-                BufRef x = a.in[0], y = a.out;
-                x.offset += int64_t(r0) * x.ld;
-                y.offset += int64_t(r0) * y.ld;
-                dispatch(k.c_str(), &mv, sizeof mv,
-                         {Bound{w.buffer, w.offset, rb * cols}, at(x, n, w.cols), at(y, n, cols)},
-                         MTLSizeMake((cols + 3) / 4, 1, 1), MTLSizeMake(128, 1, 1));
-            }
-            if (!m.bias.empty()) {
-                const MetalWeight& b = weight(m.bias);
-                EwArgs e{cols, uint(a.out.ld), 0, uint(a.out.ld), EW_ADD};  // b_ld 0: the bias row for every row
-                dispatch("elementwise", &e, sizeof e, {out, Bound{b.buffer, b.offset, cols * 4}, out},
-                         MTLSizeMake((cols + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
+        case Op::MatMul:
+            return project(node, a, {part(m.weight, m.bias, cols, 0)}, false);
+        case Op::FusedQKV: case Op::FusedQkvNorm: {
+            const uint qc = uint(m.q_cols), kc = uint(m.k_cols);
+            project(node, a, {part(m.wq, m.bq, qc, 0), part(m.wk, m.bk, kc, qc), part(m.wv, m.bv, uint(m.v_cols), qc + kc)},
+                    false);
+            if (node.op == Op::FusedQKV) return;
+            for (int which = 0; which < 2; which++) {  // qwen3's per-head norms of q and k, in place
+                const MetalWeight& w = weight(which ? m.k_norm : m.q_norm);
+                const uint width = uint(m.head_dim), c0 = which ? qc : 0, n = which ? kc : qc;
+                BufRef win = a.out;
+                win.offset += c0;
+                NormArgs na{width, uint(a.out.ld), uint(a.out.ld), m.eps};
+                const uint threads = width >= 256 ? 128 : 32;
+                const Bound b = at(win, node.rows, n);
+                dispatch("rms_norm", &na, sizeof na, {b, Bound{w.buffer, w.offset, width * 4}, b},
+                         MTLSizeMake(rows, n / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
             }
             return;
+        }
+        case Op::FusedFFN:
+            return project(node, a, {part(m.w_gate, "", cols, 0), part(m.w_up, "", cols, 0)}, true);
+        case Op::RopeKvStore: {
+            const uint dim = uint(m.n_head_kv * m.head_dim);
+            RopeStoreArgs r{cols, dim, uint(m.head_dim), uint(m.rope_dim), m.rope_neox ? 1u : 0u, uint(a.in[0].ld),
+                            uint(a.in[1].ld), uint(a.in[2].ld), uint(a.out.ld), uint(m.n_ctx), uint(m.kv_type)};
+            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base);
+            return dispatch("rope_kv_store", &r, sizeof r,
+                            {in(0, cols), in(1, dim), in(2, dim), in(3, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out,
+                             whole(a.kv_k), whole(a.kv_v), err},
+                            MTLSizeMake(rows, 1, 1), MTLSizeMake(128, 1, 1), {dim * 4});
         }
         case Op::Rope: {
             RopeArgs r{cols, uint(m.head_dim), uint(m.rope_dim), uint(a.in[0].ld), uint(a.out.ld), m.rope_neox ? 1u : 0u};
