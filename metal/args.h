@@ -14,6 +14,11 @@ struct NormArgs {     // RmsNorm (width = cols) and QkNorm (width = head_dim)
     float eps;
 };
 
+struct AddNormArgs {  // AddRmsNorm: y[:, :width] = a + b, y[:, width:] = RmsNorm(a + b)
+    uint width, a_ld, b_ld, y_ld;
+    float eps;
+};
+
 enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3, EW_COPY = 4 };
 struct EwArgs {
     uint cols, a_ld, b_ld, y_ld, op;

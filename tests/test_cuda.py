@@ -228,6 +228,21 @@ def test_rope_kv_store_matches_unfused(q15, rng, rows, kv_type, neox, head_dim, 
             dict(op="RopeKvStore", inputs=[0, 1, 2, 3], rows=rows, cols=qc, meta=meta)])
 
 
+@pytest.mark.parametrize("rows", [1, 7])
+def test_add_rmsnorm(q15, rng, rows):
+    """The residual add fused with the next norm: the sum window is exactly a + b, the norm window
+    within RmsNorm's bound of the reference's norm of that sum."""
+    m, s = q15
+    a = (rng.standard_normal((rows, 1536)) * 3).astype(np.float32)
+    b = rng.standard_normal((rows, 1536)).astype(np.float32)
+    meta = dict(weight="blk.0.ffn_norm.weight", eps=1e-6)
+    fused = s.run_ops("cuda", [a, b], [dict(op="AddRmsNorm", inputs=[0, 1], rows=rows, cols=2 * 1536, meta=meta)])[2]
+    ref = s.run_ops("reference", [a, b], [dict(op="Add", inputs=[0, 1], rows=rows, cols=1536),
+                                         dict(op="RmsNorm", inputs=[2], rows=rows, cols=1536, meta=meta)])
+    assert np.array_equal(fused[:, :1536], a + b)
+    close(fused[:, 1536:], ref[3], 1e-5)
+
+
 def test_bad_token_id_is_an_error(q15):
     m, s = q15
     with pytest.raises(minfer.MinferError, match="token id is out of range"):
@@ -276,7 +291,8 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
 
 @pytest.mark.parametrize("name", ["q05", "qwen3"])
 def test_decode_fusions(q05_model, name, rng):
-    """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up and RoPE + KV store, and the
+    """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up, RoPE + KV store and each
+    residual add with the next norm, and the
     fused forward pass matches the unfused one (same kernels per row: only the launch grouping differs)."""
     model = q05_model if name == "q05" else M.Model(str(synthetic_model("qwen3-tiny-q8_0")))
     s = M.Session(model, threads=4, n_ctx=256, device="cuda")
@@ -284,7 +300,8 @@ def test_decode_fusions(q05_model, name, rng):
     n_layer = ops.count("Attn")
     qkv = "FusedQkvNorm" if name == "qwen3" else "FusedQKV"
     assert ops.count(qkv) == n_layer and ops.count("FusedFFN") == n_layer and ops.count("RopeKvStore") == n_layer
-    assert "KvStore" not in ops and "Rope" not in ops and "QkNorm" not in ops
+    assert "KvStore" not in ops and "Rope" not in ops and "QkNorm" not in ops and "Add" not in ops
+    assert ops.count("AddRmsNorm") == 2 * n_layer and ops.count("RmsNorm") == 1  # the first attn_norm
     prompt = rng.integers(0, 151936, size=5).astype(np.int32)
     fused, _ = forward(model, "cuda", prompt, 4)
     unfused, _ = forward(model, "cuda", prompt, 4, fuse=False)

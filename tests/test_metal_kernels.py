@@ -70,6 +70,24 @@ def test_rms_norm(k, rng, width, cols, threads):
     assert np.abs(y - ref).max() <= 16 * U * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("width,threads", [(1536, 256), (896, 128)])
+def test_add_rms_norm(k, rng, width, threads):
+    """The residual add fused with the next norm: the sum exact (one f32 addition), the norm within the
+    rms_norm bound; a and b read through row strides wider than the row, as the graph's windows are."""
+    rows = 3
+    a = (rng.standard_normal((rows, 2 * width)) * 3).astype(np.float32)  # the sum window of a fused output
+    b = rng.standard_normal((rows, width)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, width).astype(np.float32)
+    y = np.full((rows, 2 * width), np.nan, np.float32)
+    k.dispatch("add_rms_norm", {0: pack("IIIIf", width, 2 * width, width, 2 * width, 1e-6), 1: a, 2: b, 3: w, 4: y},
+               grid=(rows, 1, 1), tg=(threads, 1, 1), tg_bytes={0: 4 * threads // 32})
+    s = a[:, :width] + b
+    assert np.array_equal(y[:, :width], s)
+    s64 = s.astype(np.float64)
+    ref = s64 / np.sqrt((s64 * s64).mean(-1, keepdims=True) + 1e-6) * w
+    assert np.abs(y[:, width:] - ref).max() <= 16 * U * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("op", range(5), ids=["add", "mul", "silu", "swiglu", "copy"])
 def test_elementwise(k, rng, op):
     rows, cols = 2, 8960

@@ -204,7 +204,7 @@ def test_forward_pass_on_the_mock_device(setup, tmp_path):
 
 @pytest.mark.parametrize("uniform", [False, True], ids=["mixed-types", "one-type"])
 def test_decode_fusions_on_the_mock_device(setup, tmp_path, uniform):
-    """Metal runs the fused graph: q|k|v one node (one dispatch when the three share a type, one per
+    """Metal runs the fused graph: each residual add with the norm after it, q|k|v one node (one dispatch when the three share a type, one per
     type otherwise), gate/up + SwiGLU one node (one dispatch when they share a type, else gate, up and
     SwiGLU), RoPE + KV store one kernel -- in the prompt (GEMM tier) and in decode (matvec tier).  Fused
     and unfused runs both stay within the forward test's bound of the float64 model."""
@@ -217,6 +217,8 @@ def test_decode_fusions_on_the_mock_device(setup, tmp_path, uniform):
                        MOCK_METAL_TRACE=str(tmp_path / "plain.trace"))
     ops = fused["ops"]
     assert ops.get("FusedQKV") == 2 and ops.get("FusedFFN") == 2 and ops.get("RopeKvStore") == 2, ops
+    # every residual add meets the norm after it, but the first layer's attn_norm (it reads the embedding)
+    assert ops.get("AddRmsNorm") == 4 and ops.get("RmsNorm") == 1 and "Add" not in ops, ops
     assert "Rope" not in ops and "KvStore" not in ops and "Silu" not in ops, ops
     assert "FusedQKV" not in plain["ops"] and plain["ops"].get("KvStore") == 2, plain["ops"]
     # the first decode step's command buffer (the prompt's is the first line)
@@ -224,9 +226,9 @@ def test_decode_fusions_on_the_mock_device(setup, tmp_path, uniform):
     # per layer one Q4_K dispatch: q|k|v together (one type), or q alone (k and v have other types)
     assert step["fused"].count("matvec_q4_K") == 2 and step["fused"].count("rope_kv_store") == 2, step["fused"]
     assert step["fused"].count("matvec_q5_1") == 2 and "rope" not in step["fused"] and "kv_store" not in step["fused"]
-    # per layer: rope, rope, kv_store -> 1 and silu, mul -> swiglu; with one type also q, k, v -> 1 and
-    # gate, up, swiglu -> 1 (biases ride in the matvec either way)
-    saved = 2 * (3 + (2 + 2 if uniform else 0))
+    # per layer: rope, rope, kv_store -> 1, silu, mul -> swiglu and two add + rms_norm pairs -> 1 each;
+    # with one type also q, k, v -> 1 and gate, up, swiglu -> 1 (biases ride in the matvec either way)
+    saved = 2 * (3 + 2 + (2 + 2 if uniform else 0))
     assert len(step["plain"]) - len(step["fused"]) == saved, (len(step["fused"]), len(step["plain"]))
     ref = forward64(str(model), TOKENS)
     for name in ("fused", "plain"):

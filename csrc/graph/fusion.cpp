@@ -196,6 +196,32 @@ struct Fuser {
         }
     }
 
+    // RmsNorm(Add(a, b)): one node writes the sum (the residual stream, columns
+    // [0, n)) and its normalization (columns [n, 2n)); the Add's consumers
+    // read the first window, the RmsNorm's the second.
+    void add_norm() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            Node& N = g.nodes[i];
+            if (dead[i] || N.op != Op::RmsNorm || int(i) == g.output || !whole(N.in[0])) continue;
+            const int add = N.in[0].node;
+            Node& A = at(add);
+            if (A.op != Op::Add || A.cols != N.cols || A.rows != N.rows || add == g.output ||
+                !can(Op::AddRmsNorm, {add, int(i)}))
+                continue;
+            const int n = A.cols;
+            redirect(add, add, 0, n);  // the sum's readers (N among them, dropped below)
+            redirect(int(i), add, n, n);
+            A.op = Op::AddRmsNorm;
+            A.cols = 2 * n;
+            A.meta.weight = N.meta.weight;
+            A.meta.eps = N.meta.eps;
+            A.name = N.name + "+residual";
+            dead[i] = true;
+            rewrites++;
+        }
+    }
+
     void compact() {
         std::vector<int> remap(g.nodes.size(), -1);
         std::vector<Node> kept;
@@ -223,6 +249,7 @@ int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
     f.qkv();
     f.qkv_norm();
     f.rope_store();
+    f.add_norm();
     f.compact();
     return f.rewrites;
 }

@@ -32,6 +32,7 @@ enum class Op : uint8_t {
     FusedFFN,      // silu(x Wg^T) * (x Wu^T)                              (fusion of 2 MatMuls + SwiGLU)
     RopeKvStore,   // rope(q) out; rope(k) and v stored at the positions    (fusion of 2 Ropes + KvStore)
                    // inputs q, k, v, positions; the layer's Attn reads q from it and orders after it
+    AddRmsNorm,    // [a + b | RmsNorm(a + b)], 2 x cols wide                (fusion of Add + RmsNorm)
     Count
 };
 const char* op_name(Op op);

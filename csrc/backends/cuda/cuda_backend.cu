@@ -53,7 +53,7 @@ class CudaBackend : public Backend {
     bool supports_op(const Node& node) const override;
     bool supports_fused(Op fused) const override {
         return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
-               fused == Op::RopeKvStore;
+               fused == Op::RopeKvStore || fused == Op::AddRmsNorm;
     }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
 
@@ -232,7 +232,7 @@ bool CudaBackend::supports_op(const Node& node) const {
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
-        case Op::RmsNorm: case Op::QkNorm:
+        case Op::RmsNorm: case Op::QkNorm: case Op::AddRmsNorm:
             return f32_weight(node.meta.weight);
         case Op::MatMul:  // the kernels take K in whole 32-value units
             return has_weight(node.meta.weight) && weights_.at(node.meta.weight).cols % 32 == 0 &&
@@ -473,6 +473,9 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::KvStore:
             return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
                                   m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
+        case Op::AddRmsNorm:
+            return cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, cols / 2,
+                                     (const float*)weight(m.weight).p, m.eps, stream_);
         case Op::RopeKvStore: {
             cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
                                     m.rope_neox, m.kv_type, m.n_ctx};

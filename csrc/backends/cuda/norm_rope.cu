@@ -24,6 +24,26 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
     for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
+// The residual add fused with the next RMSNorm, one block per row: the sum
+// s = a + b goes to y[:, :cols] and s / rms(s) * w to y[:, cols:] (each
+// thread re-reads only the sums it wrote itself).
+__global__ void add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
+                                   int cols, const float* __restrict__ w, float eps) {
+    __shared__ float scratch[32];
+    const float* ar = a + int64_t(blockIdx.x) * lda;
+    const float* br = b + int64_t(blockIdx.x) * ldb;
+    float* sr = y + int64_t(blockIdx.x) * ldy;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = ar[i] + br[i];
+        sr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = rsqrtf(ss / float(cols) + eps);
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) sr[cols + i] = sr[i] * scale * w[i];
+}
+
 // The rotation of one pair: the angle in double (at position 30000 a float
 // angle would be off by ~1e-3 rad), the products in double, one rounding.
 __device__ __forceinline__ void rotate_pair(const float* xh, float* yh, int i, int half, bool neox, double cs,
@@ -148,6 +168,13 @@ void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     const int threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
     rmsnorm_kernel<<<dim3(unsigned(rows), unsigned(cols / width)), threads, 0, s>>>(x, ldx, y, ldy, width, w, eps);
     check_launch("rmsnorm");
+}
+
+void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
+                 const float* w, float eps, cudaStream_t s) {
+    const int threads = cols >= 1024 ? 256 : cols >= 256 ? 128 : 32;
+    add_rmsnorm_kernel<<<unsigned(rows), threads, 0, s>>>(a, lda, b, ldb, y, ldy, cols, w, eps);
+    check_launch("add_rmsnorm");
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,

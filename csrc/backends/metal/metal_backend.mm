@@ -161,7 +161,7 @@ class MetalBackend : public Backend {
     bool supports_op(const Node& node) const override;
     bool supports_fused(Op fused) const override {
         return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
-               fused == Op::RopeKvStore;
+               fused == Op::RopeKvStore || fused == Op::AddRmsNorm;
     }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }
 
@@ -298,7 +298,7 @@ bool MetalBackend::supports_op(const Node& node) const {
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
-        case Op::RmsNorm: case Op::QkNorm:
+        case Op::RmsNorm: case Op::QkNorm: case Op::AddRmsNorm:
             return has(node.meta.weight, true);
         case Op::MatMul:
             return has(node.meta.weight, false) && weights_.at(node.meta.weight).cols % 32 == 0 &&
@@ -613,6 +613,15 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             const uint threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
             return dispatch("rms_norm", &n, sizeof n, {in(0, cols), Bound{w.buffer, w.offset, width * 4}, out},
                             MTLSizeMake(rows, cols / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
+        }
+        case Op::AddRmsNorm: {
+            const uint width = cols / 2;
+            const MetalWeight& w = weight(m.weight);
+            AddNormArgs n{width, uint(a.in[0].ld), uint(a.in[1].ld), uint(a.out.ld), m.eps};
+            const uint threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
+            return dispatch("add_rms_norm", &n, sizeof n,
+                            {in(0, width), in(1, width), Bound{w.buffer, w.offset, width * 4}, out},
+                            MTLSizeMake(rows, 1, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
         }
         case Op::MatMul:
             return project(node, a, {part(m.weight, m.bias, cols, 0)}, false);
