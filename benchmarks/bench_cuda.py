@@ -104,8 +104,8 @@ def bench(name: str, reps: int, out: dict) -> None:
 
 
 def kernels() -> None:
-    """Kernel-level rates at the 7B layout's largest shape (ffn_down-like 3584 x 18944),
-    and at the 1.5B ffn_up shape (8960 x 1536), for each matvec variant in $MATVEC_VARIANTS
+    """Kernel-level rates at the 7B layout's largest shapes (ffn_down-like 3584 x 18944, ffn_up-like
+    18944 x 3584), the 1.5B ffn_up shape (8960 x 1536) and a vocabulary-sized output, for each matvec variant in $MATVEC_VARIANTS
     (each a value of MINFER_CUDA_MATVEC, run in a fresh process)."""
     import os
     import subprocess
@@ -113,24 +113,26 @@ def kernels() -> None:
     variants = os.environ.get("MATVEC_VARIANTS", "")
     if variants and "MINFER_CUDA_MATVEC" not in os.environ:
         for v in variants.split(";"):
-            print(f"--- matvec variant {v} (stage, warps per row)", flush=True)
+            print(f"--- matvec variant {v} (stage, warps per row, blocks per SM)", flush=True)
             subprocess.run([sys.executable, __file__, "--kernels-only"], env=dict(os.environ, MINFER_CUDA_MATVEC=v))
         return
     import minfer._minfer as M
 
     rng = np.random.default_rng(0)
     for tname, t, bv, bb, n, k in (("q4_k", 12, 256, 144, 3584, 18944), ("q6_k", 14, 256, 210, 3584, 18944),
-                                   ("q8_0", 8, 32, 34, 3584, 18944), ("q4_k", 12, 256, 144, 8960, 1536),
+                                   ("q8_0", 8, 32, 34, 3584, 18944), ("q4_k", 12, 256, 144, 18944, 3584),
+                                   ("q4_k", 12, 256, 144, 8960, 1536),
                                    ("q8_0", 8, 32, 34, 151936, 896)):
         w = rng.integers(0, 256, size=(n, k // bv * bb), dtype=np.uint8)
         w.reshape(n, k // bv, bb)[:, :, bb - 2 if t == 14 else 0:][:, :, :2] = np.frombuffer(np.float16(1e-4).tobytes(), np.uint8)
         for rows in (1, 4):
             x = rng.standard_normal((rows, k)).astype(np.float32)
-            _, sec = M.cuda_matmul(t, w, x, n, 50)
-            print(f"matvec {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
+            for path in ("f32", "q8"):
+                _, sec = M.cuda_matmul(t, w, x, n, 50, path=path)
+                print(f"matvec {path:3} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
         if os.environ.get("MINFER_CUDA_MATVEC", "1,0") == "1,0" and n < 100000:
             x = rng.standard_normal((2048, k)).astype(np.float32)
-            _, sec = M.cuda_matmul(t, w, x, n, 5)
+            _, sec = M.cuda_matmul(t, w, x, n, 5, path="gemm")
             print(f"gemm   {tname} 2048x{n}x{k}: {sec * 1e3:7.2f} ms  {2 * 2048 * n * k / sec / 1e12:6.0f} TFLOP/s")
 
 

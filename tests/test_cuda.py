@@ -60,24 +60,48 @@ def random_weight(name, n, k, rng):
     return t, raw.reshape(n, -1)
 
 
+Q8_DECODE = {"q4_0", "q5_0", "q8_0", "q4_k", "q6_k"}  # types with the 8-bit-activation matvec
+
+
+@pytest.mark.parametrize("path", ["f32", "q8", "gemm"])
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 77, 512])
 @pytest.mark.parametrize("wtype,n,k", [
     ("q4_k", 1536, 8960), ("q6_k", 8960, 1536), ("q5_k", 896, 4864), ("q5_0", 4864, 896), ("q8_0", 896, 4864),
     ("q4_0", 3584, 3584), ("q4_1", 1536, 576), ("q5_1", 576, 1536), ("f16", 896, 896), ("f32", 256, 1536)])
-def test_matmul_against_float64(rng, wtype, n, k, rows):
+def test_matmul_against_float64(rng, wtype, n, k, rows, path):
+    if (path == "gemm") != (rows > 4) or (path == "q8" and wtype not in Q8_DECODE):
+        pytest.skip(f"no {path} path for {rows} rows of {wtype}")
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((rows, k)).astype(np.float32)
-    y, _ = M.cuda_matmul(t, w, x, n)
+    y, _ = M.cuda_matmul(t, w, x, n, path=path)
     W = dequantize(w, t).reshape(n, k).astype(np.float64)
     ref = x.astype(np.float64) @ W.T
     S = np.abs(x).astype(np.float64) @ np.abs(W).T
-    if rows <= 4:  # matvec: f32 products summed in f32 (gamma_K)
+    if path == "f32":  # matvec: f32 products summed in f32 (gamma_K)
         bound = 2 * k * U * S
-    else:          # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
+    elif path == "q8":  # x rounded to 8 bits per 32 values (error <= d / 2, d = amax / 127), then as f32
+        d = np.abs(x).astype(np.float64).reshape(rows, k // 32, 32).max(-1) / 127
+        bound = 0.5 * (1 + 1e-5) * (d @ np.abs(W).reshape(n, k // 32, 32).sum(-1).T) + 2 * k * U * S
+    else:              # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
         bound = (2 * UH + 2 * k * U) * S + 2.0 ** -25 * np.abs(x).sum(1, keepdims=True)
     err = np.abs(y - ref)
     assert np.all(np.isfinite(y))
     assert np.all(err <= bound + 1e-30), f"max err {err.max():.3g}, worst ratio {(err / (bound + 1e-30)).max():.3g}"
+
+
+def test_decode_path_lever(rng, monkeypatch):
+    """auto takes the 8-bit-activation matvec (it computes differently from the f32 one);
+    MINFER_CUDA_DECODE=f32 switches back; a bad value is an error."""
+    t, w = random_weight("q4_k", 64, 512, rng)
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    q8 = M.cuda_matmul(t, w, x, 64)[0]
+    assert np.array_equal(q8, M.cuda_matmul(t, w, x, 64, path="q8")[0])
+    monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
+    f32 = M.cuda_matmul(t, w, x, 64)[0]
+    assert np.array_equal(f32, M.cuda_matmul(t, w, x, 64, path="f32")[0]) and not np.array_equal(f32, q8)
+    monkeypatch.setenv("MINFER_CUDA_DECODE", "int4")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_DECODE must be 'q8' or 'f32'"):
+        M.cuda_matmul(t, w, x, 64)
 
 
 # ---- rung 1: the other ops against the reference backend --------------------------------------

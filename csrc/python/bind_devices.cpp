@@ -37,7 +37,7 @@ void bind_devices(py::module_& m) {
     }, "whether this build has the CUDA backend and a usable device (and if not, why)");
 
     m.def("cuda_matmul", [](uint32_t type, py::array w, py::array_t<float, py::array::c_style | py::array::forcecast> x,
-                            int64_t n_out, int iters) {
+                            int64_t n_out, int iters, const std::string& path) {
         if (x.ndim() != 2) throw py::value_error("x must be 2-D [rows, K]");
         Bytes wb = bytes_of(w, "w");
         const int rows = int(x.shape(0));
@@ -46,13 +46,14 @@ void bind_devices(py::module_& m) {
         std::vector<float> y;
         {
             py::gil_scoped_release nogil;
-            y = cuda_matmul(type, wb.p, wb.n, n_out, K, x.data(), rows, iters, &secs);
+            y = cuda_matmul(type, wb.p, wb.n, n_out, K, x.data(), rows, iters, &secs, path);
         }
         py::array_t<float> out({py::ssize_t(rows), py::ssize_t(n_out)});
         std::memcpy(out.mutable_data(), y.data(), y.size() * 4);
         return py::make_tuple(out, secs);
-    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("n_out"), py::arg("iters") = 0,
-       "(y, seconds per call): y = x W^T on the GPU, W raw GGUF rows of `type`; timed over `iters` calls when > 0");
+    }, py::arg("type"), py::arg("w"), py::arg("x"), py::arg("n_out"), py::arg("iters") = 0, py::arg("path") = "auto",
+       "(y, seconds per call): y = x W^T on the GPU, W raw GGUF rows of `type`; timed over `iters` calls when > 0; "
+       "path: 'auto' (what the backend runs), 'f32' or 'q8' (decode's matvec on f32 or 8-bit activations), 'gemm'");
 
     m.def("cuda_copy_bandwidth", [](size_t bytes, int iters) {
         py::gil_scoped_release nogil;

@@ -36,7 +36,7 @@ std::unique_ptr<Backend> make_cuda_backend(const WeightStore* weights, size_t re
 // takes for that many rows (matvec up to 8, else the tensor-core GEMM); with
 // iters > 0 the call is then timed that many times with device events.
 std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, int64_t N, int64_t K, const float* x,
-                               int rows, int iters, double* seconds_per_call);
+                               int rows, int iters, double* seconds_per_call, const std::string& path = "auto");
 // The device-to-device copy rate (bytes read + bytes written per second) over `bytes`.
 double cuda_copy_bandwidth(size_t bytes, int iters);
 

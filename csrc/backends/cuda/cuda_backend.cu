@@ -39,6 +39,15 @@ void check(cudaError_t e, const char* what) {
 
 std::string gib(size_t b) { return strfmt("%.2f GiB", double(b) / double(1ull << 30)); }
 
+// MINFER_CUDA_DECODE: "q8" (default: decode's activations rounded to 8-bit blocks where the weight type has
+// that kernel, as the CPU backend and llama.cpp do) or "f32" (activations kept f32; the A/B switch).
+bool decode_q8_from_env() {
+    const char* v = std::getenv("MINFER_CUDA_DECODE");
+    if (!v || !std::strcmp(v, "q8")) return true;
+    if (!std::strcmp(v, "f32")) return false;
+    throw MinferError(strfmt("MINFER_CUDA_DECODE must be 'q8' or 'f32', got '%s'", v));
+}
+
 struct DevWeight {
     const uint8_t* p = nullptr;
     uint32_t type = 0;
@@ -111,7 +120,9 @@ class CudaBackend : public Backend {
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
     std::vector<float*> ascratch_, fscratch_, kscratch_;  // attention partials; f32 staging; split-K partials
-    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0;
+    std::vector<float*> qscratch_;                        // decode's 8-bit activations
+    size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0, qscratch_n_ = 0;
+    bool decode_q8_ = true;  // MINFER_CUDA_DECODE=f32 keeps decode's activations f32 (A/B)
     std::map<uint64_t, cudaGraphExec_t> graphs_;
     std::set<uint64_t> seen_;
     bool graphs_on_ = true, capturing_ = false, failed_ = false;
@@ -126,6 +137,7 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     timeout_s_ = seconds_from_env("MINFER_GPU_TIMEOUT_S", 10.0);
     if (const char* g = std::getenv("MINFER_CUDA_GRAPHS")) graphs_on_ = std::strcmp(g, "0") != 0;
     cpu_ops_ = ops_from_env("MINFER_CUDA_CPU_OPS");
+    decode_q8_ = decode_q8_from_env();
     recent_.resize(8);
     check(cudaSetDevice(0), "selecting device 0");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
@@ -195,6 +207,7 @@ CudaBackend::~CudaBackend() {
     for (auto* p : ascratch_) cudaFree(p);
     for (auto* p : fscratch_) cudaFree(p);
     for (auto* p : kscratch_) cudaFree(p);
+    for (auto* p : qscratch_) cudaFree(p);
     cudaFree(arena_);
     cudaFreeHost(err_host_);
     cudaFreeHost(argmax_host_);
@@ -389,26 +402,34 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     int64_t ldx = a.in[0].ld;
     float* y = at(a.out);
     const int64_t ldy = a.out.ld;
-    if (rows <= kMatvecMaxRows) {  // decode: weights streamed once, activations kept f32
-        if (uintptr_t(x) % 16 || ldx % 4) {  // a column window at an odd offset: copy to aligned rows
+    if (rows <= kMatvecMaxRows) {  // decode: weights streamed once
+        MatvecArgs m;
+        m.n_parts = int(parts.size());
+        m.swiglu = swiglu;
+        m.K = K;
+        bool q8 = decode_q8_;
+        for (size_t i = 0; i < parts.size(); i++) {
+            m.part[i] = MatvecPart{parts[i].w->p, parts[i].bias, row_bytes(parts[i].w->type, K), parts[i].w->type,
+                                   parts[i].n_out, parts[i].y_col};
+            q8 = q8 && cuda::matvec_q8_supported(parts[i].w->type, K);
+        }
+        m.n_rows = rows;
+        m.y = y;
+        m.ldy = ldy;
+        if (q8) {  // activations rounded to 8 bits once, integer dot products
+            m.x = x;
+            m.ldx = ldx;
+            float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
+            return cuda::matvec_q8(m, sc, stream_);
+        }
+        if (uintptr_t(x) % 16 || ldx % 4) {  // f32 activations; a column window at an odd offset: copy to aligned rows
             float* xa = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(K));
             cuda::copy_rows(x, ldx, xa, K, rows, int(K), stream_);
             x = xa;
             ldx = K;
         }
-        MatvecArgs m;
-        m.n_parts = int(parts.size());
-        m.swiglu = swiglu;
-        m.K = K;
-        for (size_t i = 0; i < parts.size(); i++) {
-            m.part[i] = MatvecPart{parts[i].w->p, parts[i].bias, row_bytes(parts[i].w->type, K), parts[i].w->type,
-                                   parts[i].n_out, parts[i].y_col};
-        }
         m.x = x;
         m.ldx = ldx;
-        m.n_rows = rows;
-        m.y = y;
-        m.ldy = ldy;
         return cuda::matvec(m, stream_);
     }
     // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
@@ -619,19 +640,31 @@ struct Timer {
 }  // namespace
 
 std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, int64_t N, int64_t K, const float* x,
-                               int rows, int iters, double* seconds_per_call) {
+                               int rows, int iters, double* seconds_per_call, const std::string& path) {
     if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
     if (!type_supported(type)) throw MinferError(strfmt("CUDA: weight type %s is not supported", type_traits(type).name));
     if (w_bytes != size_t(N) * size_t(row_bytes(type, K)))
         throw MinferError(strfmt("cuda_matmul: %zu weight bytes for %lld rows of %lld %s values", w_bytes, (long long)N,
                                  (long long)K, type_traits(type).name));
+    // The path the backend would take (auto), or one forced: f32 or q8 matvec (at most kMatvecMaxRows rows), gemm.
+    std::string how = path;
+    if (how == "auto")
+        how = rows > kMatvecMaxRows ? "gemm" : decode_q8_from_env() && cuda::matvec_q8_supported(type, K) ? "q8" : "f32";
+    if (how != "gemm" && how != "q8" && how != "f32")
+        throw MinferError("cuda_matmul: path must be 'auto', 'f32', 'q8' or 'gemm', got '" + path + "'");
+    if (how != "gemm" && rows > kMatvecMaxRows)
+        throw MinferError(strfmt("cuda_matmul: the matvec paths take at most %d rows", kMatvecMaxRows));
+    if (how == "q8" && !cuda::matvec_q8_supported(type, K))
+        throw MinferError(strfmt("cuda_matmul: no 8-bit-activation matvec for %s at width %lld", type_traits(type).name,
+                                 (long long)K));
     DevMem dw(w_bytes), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
-        xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4);
+        xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4),
+        xq(cuda::matvec_q8_scratch_bytes(rows, K));
     check(cudaMemcpy(dw.p, w, w_bytes, cudaMemcpyHostToDevice), "uploading");
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {
-        if (rows <= kMatvecMaxRows) {
+        if (how != "gemm") {
             MatvecArgs m;
             m.part[0] = MatvecPart{(const uint8_t*)dw.p, nullptr, row_bytes(type, K), type, N, 0};
             m.K = K;
@@ -640,7 +673,8 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
             m.n_rows = rows;
             m.y = (float*)dy.p;
             m.ldy = N;
-            cuda::matvec(m, s);
+            if (how == "q8") cuda::matvec_q8(m, xq.p, s);
+            else cuda::matvec(m, s);
         } else {
             cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);
             cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);

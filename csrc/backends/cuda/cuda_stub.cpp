@@ -17,7 +17,8 @@ std::unique_ptr<Backend> make_cuda_backend(const WeightStore*, size_t) {
     throw MinferError(cuda_device_info().reason);
 }
 
-std::vector<float> cuda_matmul(uint32_t, const uint8_t*, size_t, int64_t, int64_t, const float*, int, int, double*) {
+std::vector<float> cuda_matmul(uint32_t, const uint8_t*, size_t, int64_t, int64_t, const float*, int, int, double*,
+                               const std::string&) {
     throw MinferError(cuda_device_info().reason);
 }
 

@@ -40,6 +40,11 @@ struct MatvecArgs {
     int64_t ldy = 0;
 };
 void matvec(const MatvecArgs& a, cudaStream_t s);
+// The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes), then
+// integer dot products.  For Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights with K % 64 == 0 (every part).
+bool matvec_q8_supported(uint32_t type, int64_t K);
+size_t matvec_q8_scratch_bytes(int rows, int64_t K);
+void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s);
 
 // Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);

@@ -18,6 +18,7 @@
 #include "backends/cuda/dequant.cuh"
 #include "backends/cuda/unit_decode.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/matvec_rows.cuh"
 
 #include <algorithm>
 #include <cstdio>
@@ -27,7 +28,7 @@ namespace minfer::cuda {
 
 namespace {
 
-constexpr int kWarps = 8, kR = kMatvecMaxRows;
+constexpr int kWarps = kMatvecWarps, kR = kMatvecMaxRows;
 constexpr int kTileFloats = 8192;  // staged x per block: 8192 values + padding = 36 KB
 
 __host__ __device__ __forceinline__ int padded(int v) { return v + (v >> 5) * 4; }
@@ -74,13 +75,10 @@ __global__ void __launch_bounds__(32 * kWarps, 3) matvec_kernel(MatvecArgs a, in
     __shared__ float red[kWarps][2 * kR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % wpr;
     const int xs_stride = padded(tile);
-    // This warp's row: part p, row o (gate and up row o with swiglu).
-    int64_t o = int64_t(blockIdx.x) * (kWarps / wpr) + warp / wpr;
-    int p = 0;
-    if (!a.swiglu)
-        while (p < a.n_parts && o >= a.part[p].n_out) o -= a.part[p++].n_out;
-    const bool live = a.swiglu ? o < a.part[0].n_out : p < a.n_parts;
-    const MatvecPart& A = a.part[live ? p : 0];
+    const WarpRow row = warp_row(a, int64_t(blockIdx.x) * (kWarps / wpr) + warp / wpr);
+    const bool live = row.live;
+    const int64_t o = row.o;
+    const MatvecPart& A = a.part[row.p];
     float acc[kR], acc2[kR];
 #pragma unroll
     for (int r = 0; r < kR; r++) acc[r] = acc2[r] = 0.0f;
@@ -121,11 +119,7 @@ __global__ void __launch_bounds__(32 * kWarps, 3) matvec_kernel(MatvecArgs a, in
             for (int r = 0; r < kR; r++)
                 for (int w = 1; w < wpr; w++) acc[r] += red[warp + w][r], acc2[r] += red[warp + w][kR + r];
     }
-    if (!live || sub != 0 || lane != 0) return;
-    for (int r = 0; r < a.n_rows; r++) {
-        if (a.swiglu) a.y[r * a.ldy + o] = acc[r] / (1.0f + expf(-acc[r])) * acc2[r];
-        else a.y[r * a.ldy + A.y_col + o] = acc[r] + (A.bias ? A.bias[o] : 0.0f);
-    }
+    if (live && sub == 0 && lane == 0) store_warp_row(a, row, acc, acc2);
 }
 
 }  // namespace

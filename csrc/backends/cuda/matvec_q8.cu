@@ -1,0 +1,224 @@
+// Decode's matrix-vector products on 8-bit activations (the recipe of
+// llama.cpp's mmvq and of this repo's CPU backend): x is quantized once per
+// call into blocks of 32 (d = amax / 127, q = round(x / d) half away from zero,
+// plus d * sum(q)), then each lane takes "chunks" of a weight row (one 32-value
+// block, or for Q4_K the two 32-value sub-blocks that share 32 bytes of
+// nibbles) and dots their integer quants with the block's int8 x four at a
+// time (dp4a); the weight and x scales are applied once per chunk.  Against
+// the f32 kernel (matvec.cu) this reads a quarter of the x bytes and issues
+// about a quarter of the instructions per weight.
+//
+// What a weight is -- the element-by-element definition -- is dequant8
+// (dequant.cuh) and csrc/quant/dequantize.cpp; tests/test_cuda.py checks this
+// path against float64 with the bound of rounding x to 8 bits.
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/matvec_rows.cuh"
+#include "backends/cuda/unit_decode.cuh"
+
+namespace minfer::cuda {
+
+namespace {
+
+constexpr int kR = kMatvecMaxRows;
+
+// x rows quantized: q [rows][K] int8 (16-byte aligned), ds [rows][K / 32] (d, d * sum(q)).
+struct XQ {
+    const int8_t* q;
+    const float2* ds;
+    int64_t K;
+};
+
+// One warp per block of 32 values; blockIdx.y is the row.
+__global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int8_t* __restrict__ q,
+                                  float2* __restrict__ ds) {
+    const int lane = threadIdx.x & 31;
+    const int64_t b = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5), r = blockIdx.y;
+    if (b >= K / 32) return;  // whole warps
+    const float v = x[r * ldx + b * 32 + lane];
+    const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int qi = int(roundf(v * id));
+    q[r * K + b * 32 + lane] = int8_t(qi);
+    const float s = warp_sum(float(qi));  // |sum| <= 32 * 127: exact in f32
+    if (lane == 0) ds[r * (K / 32) + b] = make_float2(d, d * s);
+}
+
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// Four bits of qh (values 4w..4w+3) moved to bit 4 of each byte (Q5_0's fifth bit).
+__device__ __forceinline__ int spread4(uint32_t b4) {
+    return int(((b4 & 1) << 4) | ((b4 & 2) << 11) | ((b4 & 4) << 18) | ((b4 & 8) << 25));
+}
+
+template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K ? 64 : 32; }
+
+// Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
+template <int T>
+__device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int c, const int8_t* __restrict__ xq,
+                                           const float2* __restrict__ ds) {
+    if constexpr (T == GGML_TYPE_Q8_0) {
+        const uint8_t* b = row + int64_t(c) * 34;
+        uint32_t w[8];
+        load16_a2(b + 2, w);
+        load16_a2(b + 18, w + 4);
+        const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
+        int s = dp4a(int(w[0]), x0.x, 0);
+        s = dp4a(int(w[1]), x0.y, s), s = dp4a(int(w[2]), x0.z, s), s = dp4a(int(w[3]), x0.w, s);
+        s = dp4a(int(w[4]), x1.x, s), s = dp4a(int(w[5]), x1.y, s), s = dp4a(int(w[6]), x1.z, s);
+        s = dp4a(int(w[7]), x1.w, s);
+        return f16_at(b) * ds[c].x * float(s);
+    } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q5_0) {
+        // values 0..15: low nibbles, 16..31: high nibbles; w = d * (q - 8) (Q4_0) or d * (q - 16) (Q5_0)
+        const uint8_t* b = row + int64_t(c) * Block<T>::bytes;
+        uint32_t w[4], qh = 0;
+        if constexpr (T == GGML_TYPE_Q4_0) {
+            load16_a2(b + 2, w);
+        } else {
+            qh = u32_at2(b + 2);
+            load16_a2(b + 6, w);
+        }
+        const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
+        const int xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int lo = int(w[i] & 0x0f0f0f0fu), hi = int((w[i] >> 4) & 0x0f0f0f0fu);
+            if constexpr (T == GGML_TYPE_Q5_0) {
+                lo |= spread4((qh >> (4 * i)) & 0xf);
+                hi |= spread4((qh >> (16 + 4 * i)) & 0xf);
+            }
+            s = dp4a(lo, xl[i], s);
+            s = dp4a(hi, xh[i], s);
+        }
+        const float2 xd = ds[c];
+        return f16_at(b) * (xd.x * float(s) - (T == GGML_TYPE_Q4_0 ? 8.0f : 16.0f) * xd.y);
+    } else if constexpr (T == GGML_TYPE_Q4_K) {
+        // chunk = sub-blocks 2g (low nibbles) and 2g + 1 (high) of super-block c / 4: w = d sc q - dmin m
+        const uint8_t* b = row + int64_t(c / 4) * 144;
+        const int g = c % 4, j = 2 * g;
+        const uint4 hdr = *(const uint4*)b;
+        const uint32_t dm = hdr.x;
+        const uint4 q0 = ((const uint4*)(b + 16 + 32 * g))[0], q1 = ((const uint4*)(b + 16 + 32 * g))[1];
+        const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        const int4* xp = (const int4*)(xq + c * 64);
+        const int4 xa = xp[0], xb = xp[1], xc = xp[2], xe = xp[3];
+        const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+        const int x_hi[8] = {xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w};
+        int s0 = 0, s1 = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            s0 = dp4a(int(w[i] & 0x0f0f0f0fu), x_lo[i], s0);
+            s1 = dp4a(int((w[i] >> 4) & 0x0f0f0f0fu), x_hi[i], s1);
+        }
+        // the 6-bit scales and mins of sub-blocks j and j + 1 (j even)
+        int sc0, m0, sc1, m1;
+        if (j < 4) {
+            sc0 = scale_byte(hdr.y, hdr.z, hdr.w, j) & 63, m0 = scale_byte(hdr.y, hdr.z, hdr.w, j + 4) & 63;
+            sc1 = scale_byte(hdr.y, hdr.z, hdr.w, j + 1) & 63, m1 = scale_byte(hdr.y, hdr.z, hdr.w, j + 5) & 63;
+        } else {
+            sc0 = (scale_byte(hdr.y, hdr.z, hdr.w, j + 4) & 0xf) | ((scale_byte(hdr.y, hdr.z, hdr.w, j - 4) >> 6) << 4);
+            m0 = (scale_byte(hdr.y, hdr.z, hdr.w, j + 4) >> 4) | ((scale_byte(hdr.y, hdr.z, hdr.w, j) >> 6) << 4);
+            sc1 = (scale_byte(hdr.y, hdr.z, hdr.w, j + 5) & 0xf) | ((scale_byte(hdr.y, hdr.z, hdr.w, j - 3) >> 6) << 4);
+            m1 = (scale_byte(hdr.y, hdr.z, hdr.w, j + 5) >> 4) | ((scale_byte(hdr.y, hdr.z, hdr.w, j + 1) >> 6) << 4);
+        }
+        const float4 xd = *(const float4*)(ds + c * 2);  // (d, d sum) of both sub-blocks
+        return h2f(dm) * (float(sc0) * xd.x * float(s0) + float(sc1) * xd.z * float(s1)) -
+               h2f(dm >> 16) * (float(m0) * xd.y + float(m1) * xd.w);
+    } else {  // Q6_K: chunk = sub-block j of super-block c / 8; w = d * sc * (q - 32), two scales of 16 values
+        const uint8_t* b = row + int64_t(c / 8) * 210;
+        const int j = c % 8, half = j / 4, k = j % 4;
+        uint32_t ql[8], qh[8];
+        load16_a2(b + half * 64 + (k % 2) * 32, ql);
+        load16_a2(b + half * 64 + (k % 2) * 32 + 16, ql + 4);
+        load16_a2(b + 128 + half * 32, qh);
+        load16_a2(b + 128 + half * 32 + 16, qh + 4);
+        const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
+        const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        int s_lo = 0, s_hi = 0;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const uint32_t q = ((ql[i] >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
+            const int v = int(__vsubss4(q, 0x20202020u));  // q - 32 in each byte
+            if (i < 4) s_lo = dp4a(v, xv[i], s_lo);
+            else s_hi = dp4a(v, xv[i], s_hi);
+        }
+        const uint32_t sc = *(const uint16_t*)(b + 192 + 2 * j);
+        return f16_at(b + 208) * ds[c].x * (float(int8_t(sc & 0xff)) * float(s_lo) + float(int8_t(sc >> 8)) * float(s_hi));
+    }
+}
+
+template <int T>
+__device__ __forceinline__ void row_dots(const uint8_t* __restrict__ row, const XQ& x, int n_rows, int lane,
+                                         float (&acc)[kR]) {
+    const int chunks = int(x.K / chunk_values<T>());
+    for (int c = lane; c < chunks; c += 32)
+#pragma unroll
+        for (int r = 0; r < kR; r++)
+            if (r < n_rows) acc[r] += chunk_dot<T>(row, c, x.q + r * x.K, x.ds + r * (x.K / 32));
+}
+
+__device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, const XQ& x, int n_rows, int lane,
+                                             float (&acc)[kR]) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: return row_dots<GGML_TYPE_Q4_0>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q5_0: return row_dots<GGML_TYPE_Q5_0>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q8_0: return row_dots<GGML_TYPE_Q8_0>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q4_K: return row_dots<GGML_TYPE_Q4_K>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q6_K: return row_dots<GGML_TYPE_Q6_K>(row, x, n_rows, lane, acc);
+        default: return;
+    }
+}
+
+// One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.
+__global__ void __launch_bounds__(32 * kMatvecWarps) matvec_q8_kernel(MatvecArgs a, XQ x) {
+    const int lane = threadIdx.x & 31;
+    const WarpRow row = warp_row(a, int64_t(blockIdx.x) * kMatvecWarps + (threadIdx.x >> 5));
+    if (!row.live) return;  // no block-wide barriers below
+    const MatvecPart& A = a.part[row.p];
+    float acc[kR], acc2[kR];
+#pragma unroll
+    for (int r = 0; r < kR; r++) acc[r] = acc2[r] = 0.0f;
+    row_dots_any(A.type, A.W + row.o * A.rb, x, a.n_rows, lane, acc);
+    if (a.swiglu) row_dots_any(a.part[1].type, a.part[1].W + row.o * a.part[1].rb, x, a.n_rows, lane, acc2);
+#pragma unroll
+    for (int r = 0; r < kR; r++) {
+        acc[r] = warp_sum(acc[r]);
+        acc2[r] = warp_sum(acc2[r]);
+    }
+    if (lane == 0) store_warp_row(a, row, acc, acc2);
+}
+
+}  // namespace
+
+bool matvec_q8_supported(uint32_t type, int64_t K) {
+    const bool t = type == GGML_TYPE_Q4_0 || type == GGML_TYPE_Q5_0 || type == GGML_TYPE_Q8_0 ||
+                   type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K;
+    return t && K % 64 == 0;
+}
+
+size_t matvec_q8_scratch_bytes(int rows, int64_t K) {
+    return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * sizeof(float2) + 16;
+}
+
+void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s) {
+    if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 64)
+        throw MinferError(strfmt("CUDA matvec_q8: %d rows of width %lld (1..%d rows; width a multiple of 64)", a.n_rows,
+                                 (long long)a.K, kMatvecMaxRows));
+    int64_t rows = 0;
+    if (a.swiglu) rows = a.part[0].n_out;
+    else
+        for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
+    for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++)
+        if (!matvec_q8_supported(a.part[p].type, a.K))
+            throw MinferError(strfmt("CUDA matvec_q8: weight type %u has no 8-bit-activation kernel", a.part[p].type));
+    int8_t* q = (int8_t*)scratch;
+    float2* ds = (float2*)(q + (size_t(a.n_rows) * size_t(a.K) + 15) / 16 * 16);
+    const int64_t blocks = a.K / 32;
+    quantize_x_kernel<<<dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), 256, 0, s>>>(a.x, a.ldx, a.K, q, ds);
+    check_launch("quantize_x");
+    matvec_q8_kernel<<<unsigned((rows + kMatvecWarps - 1) / kMatvecWarps), 32 * kMatvecWarps, 0, s>>>(
+        a, XQ{q, ds, a.K});
+    check_launch("matvec_q8");
+}
+
+}  // namespace minfer::cuda

@@ -1,0 +1,35 @@
+// What the two decode matvec kernels (matvec.cu: f32 activations,
+// matvec_q8.cu: 8-bit activations) share: which weight row a warp computes
+// when several parts share a launch, and how the row's result is stored.
+#pragma once
+#include "backends/cuda/kernels.h"
+
+namespace minfer::cuda {
+
+constexpr int kMatvecWarps = 8;  // warps per block, one output row each
+
+struct WarpRow {
+    int p;       // the part
+    int64_t o;   // row of that part (gate and up row o with swiglu)
+    bool live;   // false past the last row
+};
+
+__device__ __forceinline__ WarpRow warp_row(const MatvecArgs& a, int64_t o) {
+    int p = 0;
+    if (!a.swiglu)
+        while (p < a.n_parts && o >= a.part[p].n_out) o -= a.part[p++].n_out;
+    const bool live = a.swiglu ? o < a.part[0].n_out : p < a.n_parts;
+    return WarpRow{live ? p : 0, o, live};
+}
+
+// acc: the row's dot products with each activation row (acc2: the up row's, with swiglu).
+__device__ __forceinline__ void store_warp_row(const MatvecArgs& a, const WarpRow& w, const float* acc,
+                                               const float* acc2) {
+    const MatvecPart& A = a.part[w.p];
+    for (int r = 0; r < a.n_rows; r++) {
+        if (a.swiglu) a.y[r * a.ldy + w.o] = acc[r] / (1.0f + expf(-acc[r])) * acc2[r];
+        else a.y[r * a.ldy + A.y_col + w.o] = acc[r] + (A.bias ? A.bias[w.o] : 0.0f);
+    }
+}
+
+}  // namespace minfer::cuda
