@@ -69,6 +69,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
                                                              const uint8_t* __restrict__ V, float* __restrict__ out,
                                                              int64_t ldo, float* __restrict__ partial,
                                                              uint32_t* err) {
+    pdl_start();
     __shared__ float qs[kMaxHeadDim];
     __shared__ float s[kChunk];
     __shared__ float ored[kThreads / 32][kMaxHeadDim];
@@ -152,6 +153,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
 // Merges the S partials of each (row, head): weights exp(m_z - max m).
 __global__ void attention_combine_kernel(AttnShape a, int S, const float* __restrict__ partial, float* __restrict__ out,
                                          int64_t ldo) {
+    pdl_start();
     const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim;
     const float* base = partial + (int64_t(r) * a.n_head + h) * S * (hd + 2);
     float M = -INFINITY;
@@ -351,13 +353,11 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         return check_launch("attention_prefill_tc");
     }
     const int S = attention_splits(a);
-    attention_kernel<<<dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), kThreads, 0, s>>>(
-        a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
-    check_launch("attention");
-    if (S > 1) {
-        attention_combine_kernel<<<dim3(unsigned(a.n_head), unsigned(a.rows)), 128, 0, s>>>(a, S, scratch, out, ldo);
-        check_launch("attention_combine");
-    }
+    launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
+           a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
+    if (S > 1)
+        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128), 0, s,
+               a, S, (const float*)scratch, out, ldo);
 }
 
 }  // namespace minfer::cuda

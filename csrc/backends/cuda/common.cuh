@@ -5,6 +5,9 @@
 #include <cuda_runtime.h>
 #include <cstdint>
 
+#include <cstdlib>
+#include <cstring>
+
 #include "common/error.h"
 
 namespace minfer::cuda {
@@ -56,6 +59,44 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
     __syncthreads();
     float t = lane < nwarps ? scratch[lane] : -INFINITY;
     return warp_max(t);
+}
+
+// Programmatic dependent launch (Hopper): a kernel started with launch() may
+// begin while the kernel before it on the stream is still finishing, so the
+// launch latency between the small kernels of a decode step overlaps work.
+// Every such kernel calls pdl_start() before touching global memory: it waits
+// for the previous kernel to complete with its writes visible, then lets the
+// next kernel begin launching.  MINFER_CUDA_PDL=0 launches plainly (A/B).
+__device__ __forceinline__ void pdl_start() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+inline bool pdl_enabled() {
+    static const bool on = [] {
+        const char* v = std::getenv("MINFER_CUDA_PDL");
+        return !v || std::strcmp(v, "0") != 0;
+    }();
+    return on;
+}
+
+template <typename... P, typename... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, P(args)...);
+    if (e != cudaSuccess) throw MinferError(strfmt("CUDA: launching %s failed: %s", name, cudaGetErrorString(e)));
+    check_launch(name);
 }
 
 }  // namespace minfer::cuda

@@ -158,7 +158,8 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
                                       "(%s of %s); use a smaller n_ctx or device='cpu'",
                                       gib(total).c_str(), gib(reserve_bytes).c_str(), gib(free_b).c_str(),
                                       gib(total_b).c_str()));
-    arena_ = (uint8_t*)device_alloc(std::max<size_t>(total, 256), "the weight arena");
+    total += 256;  // slack: decode kernels may read a few bytes past a tensor's last block (aligned word loads)
+    arena_ = (uint8_t*)device_alloc(total, "the weight arena");
     constexpr size_t kChunk = 64ull << 20;
     uint8_t* pinned[2] = {nullptr, nullptr};
     cudaEvent_t copied[2];
@@ -657,7 +658,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     if (how == "q8" && !cuda::matvec_q8_supported(type, K))
         throw MinferError(strfmt("cuda_matmul: no 8-bit-activation matvec for %s at width %lld", type_traits(type).name,
                                  (long long)K));
-    DevMem dw(w_bytes), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
+    DevMem dw(w_bytes + 256), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
         xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4),
         xq(cuda::matvec_q8_scratch_bytes(rows, K));
     check(cudaMemcpy(dw.p, w, w_bytes, cudaMemcpyHostToDevice), "uploading");

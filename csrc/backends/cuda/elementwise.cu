@@ -12,6 +12,7 @@ __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t lda, const float* __restrict__ b,
                                    int64_t ldb, float* y, int64_t ldy, int cols) {
+    pdl_start();
     const int r = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cols) return;
@@ -29,6 +30,7 @@ __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t l
 template <int T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w, int64_t K, int64_t rb,
                                 const int32_t* __restrict__ ids, float* __restrict__ y, int64_t ldy, uint32_t* err) {
+    pdl_start();
     const int r = blockIdx.y;
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= K / 8) return;
@@ -50,6 +52,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, int n, int* out) {
+    pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
     float v = -INFINITY;
@@ -72,15 +75,13 @@ __global__ void argmax_kernel(const float* __restrict__ x, int n, int* out) {
 }  // namespace
 
 void argmax(const float* x, int n, int* out, cudaStream_t s) {
-    argmax_kernel<<<1, 1024, 0, s>>>(x, n, out);
-    check_launch("argmax");
+    launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, n, out);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
                  int cols, cudaStream_t s) {
-    elementwise_kernel<<<dim3(unsigned((cols + 255) / 256), unsigned(rows)), 256, 0, s>>>(op, a, lda, b, ldb, y, ldy,
-                                                                                          cols);
-    check_launch("elementwise");
+    launch("elementwise", elementwise_kernel, dim3(unsigned((cols + 255) / 256), unsigned(rows)), dim3(256), 0, s, op, a,
+           lda, b, ldb, y, ldy, cols);
 }
 
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s) {
@@ -95,12 +96,11 @@ void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, con
     const dim3 grid(unsigned((K / 8 + 127) / 128), unsigned(rows));
     const int64_t rb = row_bytes(wtype, K);
     switch (wtype) {
-#define X(t) case t: get_rows_kernel<t><<<grid, 128, 0, s>>>(W, n_rows_w, K, rb, ids, y, ldy, err); break;
+#define X(t) case t: return launch("get_rows", get_rows_kernel<t>, grid, dim3(128), 0, s, W, n_rows_w, K, rb, ids, y, ldy, err);
         MINFER_CUDA_TYPES(X)
 #undef X
         default: throw MinferError(strfmt("CUDA get_rows: weight type %u is not supported", wtype));
     }
-    check_launch("get_rows");
 }
 
 }  // namespace minfer::cuda

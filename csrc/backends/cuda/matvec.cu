@@ -71,6 +71,7 @@ __device__ __forceinline__ void unit_dots_any(uint32_t type, const uint8_t* w, i
 
 // wpr warps share a row (each a strided share of its units), 8 / wpr rows per block.
 __global__ void __launch_bounds__(32 * kWarps, 3) matvec_kernel(MatvecArgs a, int tile, int wpr, bool stage) {
+    pdl_start();
     extern __shared__ __align__(16) float xs[];
     __shared__ float red[kWarps][2 * kR];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = warp % wpr;
@@ -165,9 +166,8 @@ void matvec(const MatvecArgs& a, cudaStream_t s) {
     const int wpr = v_wpr > 0 ? std::min(v_wpr, kWarps) : 1;
     if (!v_stage) tile = int(a.K);
     const int64_t rows_per_block = kWarps / wpr;
-    matvec_kernel<<<unsigned((rows + rows_per_block - 1) / rows_per_block), 32 * kWarps, v_stage ? smem : 0, s>>>(
-        a, tile, wpr, v_stage != 0);
-    check_launch("matvec");
+    launch("matvec", matvec_kernel, dim3(unsigned((rows + rows_per_block - 1) / rows_per_block)), dim3(32 * kWarps),
+           v_stage ? smem : 0, s, a, tile, wpr, v_stage != 0);
 }
 
 }  // namespace minfer::cuda

@@ -32,6 +32,7 @@ struct XQ {
 // One warp per block of 32 values; blockIdx.y is the row.
 __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int8_t* __restrict__ q,
                                   float2* __restrict__ ds) {
+    pdl_start();
     const int lane = threadIdx.x & 31;
     const int64_t b = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5), r = blockIdx.y;
     if (b >= K / 32) return;  // whole warps
@@ -44,6 +45,20 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int6
 }
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+
+// N words (4N bytes) at a 2-byte aligned address (the packed 18/22/34/210-byte blocks) from N + 1
+// aligned 32-bit loads and funnel shifts, instead of 2N 16-bit loads.  Reads up to 4 bytes past the
+// field: into the next block, or past a tensor's last block into the weight arena's slack.
+template <int N>
+__device__ __forceinline__ void load_a2(const uint8_t* p, uint32_t* w) {
+    const uint32_t* q = (const uint32_t*)(uintptr_t(p) & ~uintptr_t(3));
+    const uint32_t sh = uint32_t(uintptr_t(p) & 3) * 8;
+    uint32_t v[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; i++) v[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; i++) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
+}
 
 // Four bits of qh (values 4w..4w+3) moved to bit 4 of each byte (Q5_0's fifth bit).
 __device__ __forceinline__ int spread4(uint32_t b4) {
@@ -59,8 +74,7 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
     if constexpr (T == GGML_TYPE_Q8_0) {
         const uint8_t* b = row + int64_t(c) * 34;
         uint32_t w[8];
-        load16_a2(b + 2, w);
-        load16_a2(b + 18, w + 4);
+        load_a2<8>(b + 2, w);
         const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
         int s = dp4a(int(w[0]), x0.x, 0);
         s = dp4a(int(w[1]), x0.y, s), s = dp4a(int(w[2]), x0.z, s), s = dp4a(int(w[3]), x0.w, s);
@@ -70,19 +84,19 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
     } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q5_0) {
         // values 0..15: low nibbles, 16..31: high nibbles; w = d * (q - 8) (Q4_0) or d * (q - 16) (Q5_0)
         const uint8_t* b = row + int64_t(c) * Block<T>::bytes;
-        uint32_t w[4], qh = 0;
+        uint32_t w[5], qh = 0;  // Q5_0: qh, then the 16 bytes of nibbles
         if constexpr (T == GGML_TYPE_Q4_0) {
-            load16_a2(b + 2, w);
+            load_a2<4>(b + 2, w + 1);
         } else {
-            qh = u32_at2(b + 2);
-            load16_a2(b + 6, w);
+            load_a2<5>(b + 2, w);
+            qh = w[0];
         }
         const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
         const int xl[4] = {x0.x, x0.y, x0.z, x0.w}, xh[4] = {x1.x, x1.y, x1.z, x1.w};
         int s = 0;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
-            int lo = int(w[i] & 0x0f0f0f0fu), hi = int((w[i] >> 4) & 0x0f0f0f0fu);
+            int lo = int(w[i + 1] & 0x0f0f0f0fu), hi = int((w[i + 1] >> 4) & 0x0f0f0f0fu);
             if constexpr (T == GGML_TYPE_Q5_0) {
                 lo |= spread4((qh >> (4 * i)) & 0xf);
                 hi |= spread4((qh >> (16 + 4 * i)) & 0xf);
@@ -128,10 +142,8 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         const uint8_t* b = row + int64_t(c / 8) * 210;
         const int j = c % 8, half = j / 4, k = j % 4;
         uint32_t ql[8], qh[8];
-        load16_a2(b + half * 64 + (k % 2) * 32, ql);
-        load16_a2(b + half * 64 + (k % 2) * 32 + 16, ql + 4);
-        load16_a2(b + 128 + half * 32, qh);
-        load16_a2(b + 128 + half * 32 + 16, qh + 4);
+        load_a2<8>(b + half * 64 + (k % 2) * 32, ql);
+        load_a2<8>(b + 128 + half * 32, qh);
         const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
         const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
         int s_lo = 0, s_hi = 0;
@@ -171,6 +183,7 @@ __device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, 
 
 // One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.
 __global__ void __launch_bounds__(32 * kMatvecWarps) matvec_q8_kernel(MatvecArgs a, XQ x) {
+    pdl_start();
     const int lane = threadIdx.x & 31;
     const WarpRow row = warp_row(a, int64_t(blockIdx.x) * kMatvecWarps + (threadIdx.x >> 5));
     if (!row.live) return;  // no block-wide barriers below
@@ -214,11 +227,10 @@ void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s) {
     int8_t* q = (int8_t*)scratch;
     float2* ds = (float2*)(q + (size_t(a.n_rows) * size_t(a.K) + 15) / 16 * 16);
     const int64_t blocks = a.K / 32;
-    quantize_x_kernel<<<dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), 256, 0, s>>>(a.x, a.ldx, a.K, q, ds);
-    check_launch("quantize_x");
-    matvec_q8_kernel<<<unsigned((rows + kMatvecWarps - 1) / kMatvecWarps), 32 * kMatvecWarps, 0, s>>>(
-        a, XQ{q, ds, a.K});
-    check_launch("matvec_q8");
+    launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s, a.x,
+           a.ldx, a.K, q, ds);
+    launch("matvec_q8", matvec_q8_kernel, dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)),
+           dim3(32 * kMatvecWarps), 0, s, a, XQ{q, ds, a.K});
 }
 
 }  // namespace minfer::cuda

@@ -14,6 +14,7 @@ namespace {
 // error grows with log(width)), checked against the float64 reference in tests.
 __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ldy,  // may run in place
                                int width, const float* __restrict__ w, float eps) {
+    pdl_start();
     __shared__ float scratch[32];
     const float* xr = x + int64_t(blockIdx.x) * ldx + int64_t(blockIdx.y) * width;
     float* yr = y + int64_t(blockIdx.x) * ldy + int64_t(blockIdx.y) * width;
@@ -29,6 +30,7 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
 // thread re-reads only the sums it wrote itself).
 __global__ void add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
                                    int cols, const float* __restrict__ w, float eps) {
+    pdl_start();
     __shared__ float scratch[32];
     const float* ar = a + int64_t(blockIdx.x) * lda;
     const float* br = b + int64_t(blockIdx.x) * ldb;
@@ -124,6 +126,7 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict_
                                      const float* __restrict__ k, int64_t ldk, const float* __restrict__ v, int64_t ldv,
                                      const int32_t* __restrict__ pos, float* __restrict__ y, int64_t ldy, uint8_t* K,
                                      uint8_t* V, uint32_t* err) {
+    pdl_start();
     extern __shared__ double table[];  // cos[half], sin[half], then the rotated k row (floats)
     const int r = blockIdx.x, half = sh.rope_dim / 2, pairs = sh.head_dim / 2;
     double* cs = table;
@@ -166,15 +169,15 @@ void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     if (width <= 0 || cols % width)
         throw MinferError(strfmt("CUDA rmsnorm: %d columns are not whole groups of %d", cols, width));
     const int threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
-    rmsnorm_kernel<<<dim3(unsigned(rows), unsigned(cols / width)), threads, 0, s>>>(x, ldx, y, ldy, width, w, eps);
-    check_launch("rmsnorm");
+    launch("rmsnorm", rmsnorm_kernel, dim3(unsigned(rows), unsigned(cols / width)), dim3(threads), 0, s, x, ldx, y, ldy,
+           width, w, eps);
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, cudaStream_t s) {
     const int threads = cols >= 1024 ? 256 : cols >= 256 ? 128 : 32;
-    add_rmsnorm_kernel<<<unsigned(rows), threads, 0, s>>>(a, lda, b, ldb, y, ldy, cols, w, eps);
-    check_launch("add_rmsnorm");
+    launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(threads), 0, s, a, lda, b, ldb, y, ldy, cols, w,
+           eps);
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,
@@ -205,9 +208,8 @@ void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const 
                                  sh.kv_dim, sh.head_dim, sh.rope_dim));
     const size_t smem = size_t(sh.rope_dim) * sizeof(double) + size_t(sh.kv_dim) * sizeof(float);
     if (smem > 48 * 1024) throw MinferError(strfmt("CUDA rope_kv_store: a KV row of %d values is too wide", sh.kv_dim));
-    rope_kv_store_kernel<<<unsigned(sh.rows), 256, smem, s>>>(sh, q, ldq, k, ldk, v, ldv, pos, y, ldy, (uint8_t*)K,
-                                                            (uint8_t*)V, err);
-    check_launch("rope_kv_store");
+    launch("rope_kv_store", rope_kv_store_kernel, dim3(unsigned(sh.rows)), dim3(256), smem, s, sh, q, ldq, k, ldk, v, ldv,
+           pos, y, ldy, (uint8_t*)K, (uint8_t*)V, err);
 }
 
 }  // namespace minfer::cuda
