@@ -116,6 +116,7 @@ class CudaBackend : public Backend {
     uint32_t* err_dev_ = nullptr;
     int* argmax_host_ = nullptr;    // host-mapped: the argmax kernel writes the token id here
     int* argmax_dev_ = nullptr;
+    void* argmax_part_ = nullptr;   // the argmax's per-block winners
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
@@ -123,6 +124,14 @@ class CudaBackend : public Backend {
     std::vector<float*> qscratch_;                        // decode's 8-bit activations
     size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0, qscratch_n_ = 0;
     bool decode_q8_ = true;  // MINFER_CUDA_DECODE=f32 keeps decode's activations f32 (A/B)
+    // The 8-bit activations an AddRmsNorm left in qscratch_ (its norm window), for the node right after it
+    // (the projection that reads the norm) to skip quantizing them again.
+    struct Prequant {
+        const float* x = nullptr;
+        int64_t ld = 0, K = 0;
+        int rows = 0;
+    };
+    Prequant prequant_, pending_;
     std::map<uint64_t, cudaGraphExec_t> graphs_;
     std::set<uint64_t> seen_;
     bool graphs_on_ = true, capturing_ = false, failed_ = false;
@@ -147,6 +156,7 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     check(cudaHostGetDevicePointer((void**)&err_dev_, err_host_, 0), "mapping the error word");
     check(cudaHostAlloc((void**)&argmax_host_, sizeof(int), cudaHostAllocMapped), "allocating the argmax word");
     check(cudaHostGetDevicePointer((void**)&argmax_dev_, argmax_host_, 0), "mapping the argmax word");
+    argmax_part_ = device_alloc(size_t(cuda::kArgmaxBlocks) * 8, "the argmax scratch");
 
     // Weights: one arena, each tensor 256-byte aligned.
     size_t total = 0;
@@ -212,6 +222,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(arena_);
     cudaFreeHost(err_host_);
     cudaFreeHost(argmax_host_);
+    cudaFree(argmax_part_);
     cudaFreeHost(staging_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
@@ -375,7 +386,7 @@ void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
 
 int CudaBackend::argmax(int id, size_t offset, size_t n) {
     usable();
-    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, stream_);
+    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, stream_);
     synchronize();
     return *(volatile int*)argmax_host_;
 }
@@ -421,7 +432,8 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             m.x = x;
             m.ldx = ldx;
             float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
-            return cuda::matvec_q8(m, sc, stream_);
+            const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
+            return cuda::matvec_q8(m, sc, ready, stream_);
         }
         if (uintptr_t(x) % 16 || ldx % 4) {  // f32 activations; a column window at an odd offset: copy to aligned rows
             float* xa = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(K));
@@ -454,6 +466,8 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
 
 void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
     usable();
+    pending_ = prequant_;  // valid for this node only
+    prequant_ = Prequant{};
     recent_[recent_at_] = node.name;
     recent_at_ = (recent_at_ + 1) % recent_.size();
     const NodeMeta& m = node.meta;
@@ -495,9 +509,17 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::KvStore:
             return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
                                   m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
-        case Op::AddRmsNorm:
-            return cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, cols / 2,
-                                     (const float*)weight(m.weight).p, m.eps, stream_);
+        case Op::AddRmsNorm: {
+            const int n = cols / 2;
+            cuda::Q8Act q8;  // decode: also the norm as the next projection's 8-bit activations
+            if (decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
+                                  rows, n);
+            cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
+                              (const float*)weight(m.weight).p, m.eps, q8, stream_);
+            if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
+            return;
+        }
         case Op::RopeKvStore: {
             cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
                                     m.rope_neox, m.kv_type, m.n_ctx};
@@ -674,7 +696,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
             m.n_rows = rows;
             m.y = (float*)dy.p;
             m.ldy = N;
-            if (how == "q8") cuda::matvec_q8(m, xq.p, s);
+            if (how == "q8") cuda::matvec_q8(m, xq.p, false, s);
             else cuda::matvec(m, s);
         } else {
             cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);

@@ -1,6 +1,9 @@
 // Elementwise ops over row windows, row copies (TailRow) and the embedding
 // gather.  In place is safe for all of them: each thread reads its elements
 // before writing the same ones.
+#include <algorithm>
+#include <climits>
+
 #include "backends/cuda/dequant.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -45,37 +48,54 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w,
     for (int i = 0; i < 8; i++) y[int64_t(r) * ldy + c * 8 + i] = w[i];
 }
 
-// One block: each thread scans a stride of x, then (value, index) pairs are
-// reduced keeping the larger value and, on ties, the smaller index.
+// Block b scans x[b * chunk, (b + 1) * chunk) (index j, or ids[j] in the
+// second pass), then (value, index) pairs are reduced keeping the larger
+// value and, on ties, the smaller index (NaN never wins).  The block's best
+// goes to pv/pi[b], or, in a one-block pass, the token to *out.
 __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
 }
 
-__global__ void argmax_kernel(const float* __restrict__ x, int n, int* out) {
+__global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int chunk, float* pv,
+                              int* pi, int* out) {
     pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
+    const int first = blockIdx.x * chunk, last = min(n, first + chunk);
     float v = -INFINITY;
-    int i = n;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) better(v, i, x[j], j);
+    int i = INT_MAX;
+    for (int j = first + threadIdx.x; j < last; j += blockDim.x) better(v, i, x[j], ids ? ids[j] : j);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = i;
     __syncthreads();
     if (threadIdx.x < 32) {
         v = threadIdx.x < blockDim.x / 32 ? sv[threadIdx.x] : -INFINITY;
-        i = threadIdx.x < blockDim.x / 32 ? si[threadIdx.x] : n;
+        i = threadIdx.x < blockDim.x / 32 ? si[threadIdx.x] : INT_MAX;
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
             better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
-        if (threadIdx.x == 0) *out = i < n ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
+        if (threadIdx.x == 0) {
+            if (out) *out = i != INT_MAX ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
+            else pv[blockIdx.x] = v, pi[blockIdx.x] = i;
+        }
     }
 }
 
 }  // namespace
 
-void argmax(const float* x, int n, int* out, cudaStream_t s) {
-    launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, n, out);
+void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s) {
+    // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,
+    // then one block over their winners.
+    const int chunk = std::max(4096, (n + kArgmaxBlocks - 1) / kArgmaxBlocks), blocks = (n + chunk - 1) / chunk;
+    float* pv = (float*)partial;
+    int* pi = (int*)(pv + kArgmaxBlocks);
+    if (blocks == 1) return launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, (const int*)nullptr, n, n,
+                                   (float*)nullptr, (int*)nullptr, out);
+    launch("argmax", argmax_kernel, dim3(unsigned(blocks)), dim3(1024), 0, s, x, (const int*)nullptr, n, chunk, pv, pi,
+           (int*)nullptr);
+    launch("argmax_final", argmax_kernel, dim3(1), dim3(1024), 0, s, (const float*)pv, (const int*)pi, blocks, blocks,
+           (float*)nullptr, (int*)nullptr, out);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

@@ -40,11 +40,17 @@ struct MatvecArgs {
     int64_t ldy = 0;
 };
 void matvec(const MatvecArgs& a, cudaStream_t s);
-// The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes), then
-// integer dot products.  For Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights with K % 64 == 0 (every part).
+// The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes; laid
+// out as q8_act), then integer dot products; `quantized`: the scratch already holds x (add_rmsnorm wrote
+// it).  For Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights with K % 64 == 0 (every part).
+struct Q8Act {             // rows of K activations in blocks of 32: q [rows][K], ds [rows][K / 32] = (d, d sum(q))
+    int8_t* q = nullptr;
+    float2* ds = nullptr;
+};
+Q8Act q8_act(void* scratch, int rows, int64_t K);
 bool matvec_q8_supported(uint32_t type, int64_t K);
 size_t matvec_q8_scratch_bytes(int rows, int64_t K);
-void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s);
+void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s);
 
 // Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);
@@ -63,8 +69,9 @@ void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, con
 void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width,
              const float* w, float eps, cudaStream_t s);
 // y[:, :cols] = a + b, y[:, cols:] = RmsNorm(a + b) (the residual add fused with the next norm).
+// With q8.q set, the norm is also written as decode's 8-bit activations (matvec_q8).
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, cudaStream_t s);
+                 const float* w, float eps, Q8Act q8, cudaStream_t s);
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
           int head_dim, int rope_dim, float base, bool neox, cudaStream_t s);
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
@@ -99,7 +106,9 @@ enum class Ew { Add, Mul, Silu, SwiGLU };
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
                  int cols, cudaStream_t s);
 // out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
-void argmax(const float* x, int n, int* out, cudaStream_t s);
+// partial: kArgmaxBlocks floats + kArgmaxBlocks ints of device scratch.
+constexpr int kArgmaxBlocks = 1024;
+void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s);
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 
 }  // namespace minfer::cuda

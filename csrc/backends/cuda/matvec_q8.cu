@@ -209,11 +209,16 @@ bool matvec_q8_supported(uint32_t type, int64_t K) {
     return t && K % 64 == 0;
 }
 
+Q8Act q8_act(void* scratch, int rows, int64_t K) {
+    int8_t* q = (int8_t*)scratch;
+    return Q8Act{q, (float2*)(q + (size_t(rows) * size_t(K) + 15) / 16 * 16)};
+}
+
 size_t matvec_q8_scratch_bytes(int rows, int64_t K) {
     return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * sizeof(float2) + 16;
 }
 
-void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s) {
+void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s) {
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 64)
         throw MinferError(strfmt("CUDA matvec_q8: %d rows of width %lld (1..%d rows; width a multiple of 64)", a.n_rows,
                                  (long long)a.K, kMatvecMaxRows));
@@ -224,13 +229,13 @@ void matvec_q8(const MatvecArgs& a, void* scratch, cudaStream_t s) {
     for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++)
         if (!matvec_q8_supported(a.part[p].type, a.K))
             throw MinferError(strfmt("CUDA matvec_q8: weight type %u has no 8-bit-activation kernel", a.part[p].type));
-    int8_t* q = (int8_t*)scratch;
-    float2* ds = (float2*)(q + (size_t(a.n_rows) * size_t(a.K) + 15) / 16 * 16);
+    const Q8Act x = q8_act(scratch, a.n_rows, a.K);
     const int64_t blocks = a.K / 32;
-    launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s, a.x,
-           a.ldx, a.K, q, ds);
+    if (!quantized)
+        launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
+               a.x, a.ldx, a.K, x.q, x.ds);
     launch("matvec_q8", matvec_q8_kernel, dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)),
-           dim3(32 * kMatvecWarps), 0, s, a, XQ{q, ds, a.K});
+           dim3(32 * kMatvecWarps), 0, s, a, XQ{x.q, x.ds, a.K});
 }
 
 }  // namespace minfer::cuda

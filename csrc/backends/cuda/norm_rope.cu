@@ -27,9 +27,11 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
 
 // The residual add fused with the next RMSNorm, one block per row: the sum
 // s = a + b goes to y[:, :cols] and s / rms(s) * w to y[:, cols:] (each
-// thread re-reads only the sums it wrote itself).
+// thread re-reads only the sums it wrote itself).  With q8.q, the norm is also
+// rounded to 8-bit blocks of 32 for the decode matvec that reads it (the same
+// arithmetic as quantize_x in matvec_q8.cu: a warp holds 32 consecutive values).
 __global__ void add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
-                                   int cols, const float* __restrict__ w, float eps) {
+                                   int cols, const float* __restrict__ w, float eps, Q8Act q8) {
     pdl_start();
     __shared__ float scratch[32];
     const float* ar = a + int64_t(blockIdx.x) * lda;
@@ -43,7 +45,17 @@ __global__ void add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, 
     }
     ss = block_sum(ss, scratch);
     const float scale = rsqrtf(ss / float(cols) + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) sr[cols + i] = sr[i] * scale * w[i];
+    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
+        const float v = sr[i] * scale * w[i];
+        sr[cols + i] = v;
+        if (q8.q) {  // uniform over the grid; cols % 32 == 0, so whole warps take part
+            const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const int qi = int(roundf(v * id));
+            q8.q[int64_t(blockIdx.x) * cols + i] = int8_t(qi);
+            const float sum = warp_sum(float(qi));
+            if ((threadIdx.x & 31) == 0) q8.ds[int64_t(blockIdx.x) * (cols / 32) + i / 32] = make_float2(d, d * sum);
+        }
+    }
 }
 
 // The rotation of one pair: the angle in double (at position 30000 a float
@@ -174,10 +186,11 @@ void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, cudaStream_t s) {
+                 const float* w, float eps, Q8Act q8, cudaStream_t s) {
+    if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols % 32 == 0, got %d", cols));
     const int threads = cols >= 1024 ? 256 : cols >= 256 ? 128 : 32;
     launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(threads), 0, s, a, lda, b, ldb, y, ldy, cols, w,
-           eps);
+           eps, q8);
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,
