@@ -2,6 +2,8 @@
 // QkNorm), rotary embedding at each row's position, and the KV store that
 // writes k and v rows into the cache at their positions (f32, f16 or q8_0
 // blocks, byte-compatible with csrc/backends/kv_format.cpp).
+#include <algorithm>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "quant/types.h"
@@ -9,6 +11,8 @@
 namespace minfer::cuda {
 
 namespace {
+
+constexpr int kAddNormPer = 16;  // values per thread of add_rmsnorm: rows up to 16384
 
 // One block per (row, group); an f32 sum of squares (tree-reduced, so its
 // error grows with log(width)), checked against the float64 reference in tests.
@@ -30,27 +34,36 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
 // thread re-reads only the sums it wrote itself).  With q8.q, the norm is also
 // rounded to 8-bit blocks of 32 for the decode matvec that reads it (the same
 // arithmetic as quantize_x in matvec_q8.cu: a warp holds 32 consecutive values).
-__global__ void add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy,
-                                   int cols, const float* __restrict__ w, float eps, Q8Act q8) {
+__global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                                           float* y, int64_t ldy, int cols, const float* __restrict__ w,
+                                                           float eps, Q8Act q8) {
     pdl_start();
     __shared__ float scratch[32];
     const float* ar = a + int64_t(blockIdx.x) * lda;
     const float* br = b + int64_t(blockIdx.x) * ldb;
     float* sr = y + int64_t(blockIdx.x) * ldy;
+    // A decode row is one block: all of its loads are issued at once (values kept in registers, at most
+    // kAddNormPer per thread) rather than a loop's worth of latencies apart.
+    float v[kAddNormPer];
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = ar[i] + br[i];
-        sr[i] = v;
-        ss += v * v;
+#pragma unroll
+    for (int k = 0; k < kAddNormPer; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        v[k] = i < cols ? ar[i] + br[i] : 0.0f;
+        if (i < cols) sr[i] = v[k];
+        ss += v[k] * v[k];
     }
     ss = block_sum(ss, scratch);
     const float scale = rsqrtf(ss / float(cols) + eps);
-    for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        const float v = sr[i] * scale * w[i];
-        sr[cols + i] = v;
-        if (q8.q) {  // uniform over the grid; cols % 32 == 0, so whole warps take part
-            const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const int qi = int(roundf(v * id));
+#pragma unroll
+    for (int k = 0; k < kAddNormPer; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        if (i >= cols) continue;  // whole warps: cols % 32 == 0 when q8 is asked for
+        const float x = v[k] * scale * w[i];
+        sr[cols + i] = x;
+        if (q8.q) {
+            const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+            const int qi = int(roundf(x * id));
             q8.q[int64_t(blockIdx.x) * cols + i] = int8_t(qi);
             const float sum = warp_sum(float(qi));
             if ((threadIdx.x & 31) == 0) q8.ds[int64_t(blockIdx.x) * (cols / 32) + i / 32] = make_float2(d, d * sum);
@@ -188,7 +201,9 @@ void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, Q8Act q8, cudaStream_t s) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols % 32 == 0, got %d", cols));
-    const int threads = cols >= 1024 ? 256 : cols >= 256 ? 128 : 32;
+    if (cols > 1024 * kAddNormPer)
+        throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
+    const int threads = std::min(1024, (cols + 31) / 32 * 32);
     launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(threads), 0, s, a, lda, b, ldb, y, ldy, cols, w,
            eps, q8);
 }
