@@ -314,10 +314,12 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
 
 
 @pytest.mark.parametrize("name", ["q05", "qwen3"])
-def test_decode_fusions(q05_model, name, rng):
+def test_decode_fusions(q05_model, name, rng, monkeypatch):
     """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up, RoPE + KV store and each
     residual add with the next norm, and the
-    fused forward pass matches the unfused one (same kernels per row: only the launch grouping differs)."""
+    fused forward pass matches the unfused one.  Decode keeps its activations f32 for the comparison: the
+    fused norm sums in another order, and an ulp of difference would move an 8-bit activation by a step."""
+    monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
     model = q05_model if name == "q05" else M.Model(str(synthetic_model("qwen3-tiny-q8_0")))
     s = M.Session(model, threads=4, n_ctx=256, device="cuda")
     ops = [n["op"] for n in s.plan(1).nodes]

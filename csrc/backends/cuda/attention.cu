@@ -98,9 +98,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
         float sc = -INFINITY;
         if (int(threadIdx.x) < n) {
             float dot = 0.0f;
-            // unrolled over the largest head so all of the row's loads are in flight at once (a loop bounded
-            // by hd issued them one latency apart: ~half the kernel's time)
-#pragma unroll
+            // unrolled by 8 (a loop bounded by hd issued the row's loads one latency apart: about half the
+            // kernel's time at a short context); fully unrolled, the registers cost more at long contexts
+#pragma unroll 8
             for (int d0 = 0; d0 < kMaxHeadDim; d0 += 8) {
                 if (d0 < hd) {
                     float kv[8];

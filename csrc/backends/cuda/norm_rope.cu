@@ -203,7 +203,10 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols % 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
-    const int threads = std::min(1024, (cols + 31) / 32 * 32);
+    // decode (a few rows): one wide block per row, every load in flight; prefill (many rows): narrower
+    // blocks, enough of them to fill the GPU
+    int threads = rows <= 4 ? std::min(1024, (cols + 31) / 32 * 32) : cols >= 1024 ? 256 : 128;
+    threads = std::max(threads, (cols + kAddNormPer - 1) / kAddNormPer + 31) / 32 * 32;
     launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(threads), 0, s, a, lda, b, ldb, y, ldy, cols, w,
            eps, q8);
 }
