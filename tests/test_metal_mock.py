@@ -85,10 +85,11 @@ def build_driver() -> Path:
     return exe
 
 
-def tiny_qwen2(path: Path, rng, uniform: bool = False) -> Path:
+def tiny_qwen2(path: Path, rng, uniform: bool = False, arch: str = "qwen2") -> Path:
     """qwen2, vocab 256, hidden 256, 4 heads of 64 over 2 KV heads, ffn 512, 2 layers; matrices in
     Q8_0 / Q4_0 / Q5_0 / Q5_1 / Q4_1 (reference quantizers) and Q4_K / Q6_K (random valid blocks).
-    uniform: q, k, v all Q4_K and gate, up both Q5_1, so the fused projections share one dispatch."""
+    uniform: q, k, v all Q4_K and gate, up both Q5_1, so the fused projections share one dispatch.
+    arch "qwen3": the same with per-head q/k norms instead of the q/k/v biases."""
     V, E, H_, KV, HD, F, L = 256, 256, 4, 2, 64, 512, 2
 
     def quant(name, rows, cols, t):
@@ -112,17 +113,24 @@ def tiny_qwen2(path: Path, rng, uniform: bool = False) -> Path:
             kquant(p + "attn_k.weight", KV * HD, E, 12) if uniform else quant(p + "attn_k.weight", KV * HD, E, 2),
             kquant(p + "attn_v.weight", KV * HD, E, 12 if uniform else 14),
             quant(p + "attn_output.weight", E, H_ * HD, 6),
-            f32_tensor(p + "attn_q.bias", rng.standard_normal(H_ * HD) * 0.1),
-            f32_tensor(p + "attn_k.bias", rng.standard_normal(KV * HD) * 0.1),
-            f32_tensor(p + "attn_v.bias", rng.standard_normal(KV * HD) * 0.1),
+        ]
+        if arch == "qwen3":
+            tensors += [f32_tensor(p + "attn_q_norm.weight", rng.uniform(0.8, 1.2, HD)),
+                        f32_tensor(p + "attn_k_norm.weight", rng.uniform(0.8, 1.2, HD))]
+        else:
+            tensors += [f32_tensor(p + "attn_q.bias", rng.standard_normal(H_ * HD) * 0.1),
+                        f32_tensor(p + "attn_k.bias", rng.standard_normal(KV * HD) * 0.1),
+                        f32_tensor(p + "attn_v.bias", rng.standard_normal(KV * HD) * 0.1)]
+        tensors += [
             f32_tensor(p + "ffn_norm.weight", rng.uniform(0.8, 1.2, E)),
             quant(p + "ffn_gate.weight", F, E, 7), quant(p + "ffn_up.weight", F, E, 7 if uniform else 3),
             kquant(p + "ffn_down.weight", E, F, 14),
         ]
-    kv = [("general.architecture", STR, "qwen2"), ("qwen2.block_count", U32, L), ("qwen2.embedding_length", U32, E),
-          ("qwen2.feed_forward_length", U32, F), ("qwen2.attention.head_count", U32, H_),
-          ("qwen2.attention.head_count_kv", U32, KV), ("qwen2.attention.layer_norm_rms_epsilon", F32, 1e-6),
-          ("qwen2.context_length", U32, 2048), ("qwen2.rope.freq_base", F32, 10000.0)]
+    a = arch
+    kv = [("general.architecture", STR, a), (f"{a}.block_count", U32, L), (f"{a}.embedding_length", U32, E),
+          (f"{a}.feed_forward_length", U32, F), (f"{a}.attention.head_count", U32, H_),
+          (f"{a}.attention.head_count_kv", U32, KV), (f"{a}.attention.layer_norm_rms_epsilon", F32, 1e-6),
+          (f"{a}.context_length", U32, 2048), (f"{a}.rope.freq_base", F32, 10000.0)]
     path.write_bytes(build_gguf(kv, tensors).data)
     return path
 
@@ -234,6 +242,20 @@ def test_decode_fusions_on_the_mock_device(setup, tmp_path, uniform):
     for name in ("fused", "plain"):
         got = np.fromfile(tmp_path / f"{name}.f32", np.float32).reshape(ref.shape)
         assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max(), (name, np.abs(got - ref).max())
+
+
+def test_qwen3_norm_fusion_on_the_mock_device(setup, tmp_path):
+    """qwen3's per-head q/k norms ride in the fused projection (FusedQkvNorm: the q|k|v matvec, then
+    rms_norm in place on the q and k windows): the same logits as the unfused graph, to f32 rounding."""
+    exe, _ = setup
+    model = tiny_qwen2(tmp_path / "qwen3.gguf", np.random.default_rng(9), uniform=True, arch="qwen3")
+    fused = run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "fused.f32"))
+    plain = run_driver(exe, model, METAL_FORWARD_FUSE="0", METAL_FORWARD_DUMP=str(tmp_path / "plain.f32"))
+    assert fused["ops"].get("FusedQkvNorm") == 2 and "QkNorm" not in fused["ops"], fused["ops"]
+    assert plain["ops"].get("QkNorm") == 4, plain["ops"]
+    a, b = np.fromfile(tmp_path / "fused.f32", np.float32), np.fromfile(tmp_path / "plain.f32", np.float32)
+    assert a.size == len(TOKENS) * 256 and np.all(np.isfinite(a))
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), np.abs(a - b).max()
 
 
 def test_mixed_metal_cpu_splits(setup, tmp_path):
