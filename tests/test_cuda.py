@@ -222,6 +222,34 @@ def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, rows,
         close(gpu, ref, 1e-5)
 
 
+@pytest.mark.parametrize("head_dim,first", [(128, 700), (64, 700), (64, 90)])
+def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
+    """Decode over an f16 cache takes the warp-split kernel; MINFER_CUDA_ATTN=general the general one.
+    Both match the reference (f32 sums in different orders); the switch changes the computation."""
+    m, s = q15
+    n_head, n_head_kv, n_ctx = 12, 2, 1024
+    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
+    pos_all = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
+    # fill the cache (a multi-row store), then attend with one row at the last position
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
+    inputs = [q, k, v, pos_all, pos_all[-1:]]
+    ref = s.run_ops("reference", inputs, nodes)[-1]
+    split = s.run_ops("cuda", inputs, nodes)[-1]
+    monkeypatch.setenv("MINFER_CUDA_ATTN", "general")
+    general = s.run_ops("cuda", inputs, nodes)[-1]
+    close(split, ref, 1e-5)
+    close(general, ref, 1e-5)
+    assert not np.array_equal(split, general)
+    monkeypatch.setenv("MINFER_CUDA_ATTN", "warp")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN must be 'auto' or 'general'"):
+        s.run_ops("cuda", inputs, nodes)
+
+
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])

@@ -155,6 +155,97 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     }
 }
 
+// Decode (one query row) over an f16 cache, one block per (head, split of 128
+// positions): each warp owns 32 of the positions -- one score per lane, a
+// softmax within the warp, then P V with lanes across the head's dims (two per
+// lane per 64, half2 loads) -- and the four warps merge their (max, sum,
+// output) once, in shared memory.  The general kernel above needs two block
+// reductions and a shared-memory round per chunk; this one has no barrier
+// between loading q and the merge.  Its partials have the same form.
+__global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, const float* __restrict__ q,
+                                                                const int32_t* __restrict__ pos,
+                                                                const __half* __restrict__ K,
+                                                                const __half* __restrict__ V, float* __restrict__ out,
+                                                                float* __restrict__ partial, uint32_t* err) {
+    pdl_start();
+    __shared__ float qs[kMaxHeadDim];
+    __shared__ float wm[kThreads / 32], wl[kThreads / 32];
+    __shared__ float wo[kThreads / 32][kMaxHeadDim];
+    const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
+    const int hd = a.head_dim, dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int p = pos[0];
+    float* o_final = out + int64_t(h) * hd;
+    float* part = partial + (int64_t(h) * S + z) * (hd + 2);
+    if (p < 0 || p >= a.n_ctx) {  // uniform over the block
+        if (threadIdx.x == 0) atomicOr(err, kBadPosition);
+        for (int d = threadIdx.x; d < hd; d += kThreads) {
+            if (S == 1) o_final[d] = 0.0f;
+            else part[2 + d] = 0.0f;
+        }
+        if (S > 1 && threadIdx.x == 0) part[0] = -INFINITY, part[1] = 0.0f;
+        return;
+    }
+    for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = q[int64_t(h) * hd + d];
+    __syncthreads();
+    const int j0 = z * kChunk + warp * 32, j = j0 + lane;  // S * kChunk >= n_ctx: one chunk per split
+    float sc = -INFINITY;
+    if (j <= p) {
+        float dot = 0.0f;
+#pragma unroll 8
+        for (int d0 = 0; d0 < kMaxHeadDim; d0 += 8) {
+            if (d0 < hd) {
+                float kv[8];
+                kv_load8(GGML_TYPE_F16, (const uint8_t*)K, j, dim, col0 + d0, kv);
+#pragma unroll
+                for (int i = 0; i < 8; i++) dot += qs[d0 + i] * kv[i];
+            }
+        }
+        sc = dot * a.scale;
+    }
+    const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
+    const float e = j <= p ? expf(sc - m) : 0.0f;
+    const float l = warp_sum(e);
+    float acc[kMaxHeadDim / 64][2];
+#pragma unroll
+    for (int i = 0; i < kMaxHeadDim / 64; i++) acc[i][0] = acc[i][1] = 0.0f;
+    const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
+#pragma unroll 8
+    for (int jj = 0; jj < 32; jj++) {
+        const float w = __shfl_sync(0xffffffffu, e, jj);
+        if (jj < nj) {
+            const __half2* vr = (const __half2*)(V + int64_t(j0 + jj) * dim + col0);
+#pragma unroll
+            for (int i = 0; i < kMaxHeadDim / 64; i++) {
+                if (64 * i < hd) {
+                    const float2 v = __half22float2(vr[lane + 32 * i]);
+                    acc[i][0] += w * v.x;
+                    acc[i][1] += w * v.y;
+                }
+            }
+        }
+    }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+    for (int i = 0; i < kMaxHeadDim / 64; i++)
+        if (64 * i < hd) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
+    __syncthreads();
+    float M = -INFINITY;
+    for (int w = 0; w < kThreads / 32; w++) M = fmaxf(M, wm[w]);
+    float f[kThreads / 32], L = 0.0f;
+    for (int w = 0; w < kThreads / 32; w++) {
+        f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
+        L += f[w] * wl[w];
+    }
+    for (int d = threadIdx.x; d < hd; d += kThreads) {
+        float o = 0.0f;
+        for (int w = 0; w < kThreads / 32; w++) o += f[w] * wo[w][d];
+        if (S == 1) o_final[d] = L > 0.0f ? o / L : 0.0f;
+        else part[2 + d] = o;
+    }
+    if (S > 1 && threadIdx.x == 0) part[0] = M, part[1] = L;
+}
+
 // Merges the partials of each (row, head): weights exp(m_z - max m).  Only the
 // splits that hold positions <= the row's (the rest are empty) are read.
 __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __restrict__ pos,
@@ -330,6 +421,15 @@ __global__ void __launch_bounds__(kTcThreads) attention_prefill_tc(AttnShape a, 
 
 }  // namespace
 
+// MINFER_CUDA_ATTN=general runs decode through the general kernel (the A/B switch for attention_decode_f16;
+// read at each launch, which a captured graph then keeps).
+bool decode_f16_kernel_on() {
+    const char* v = std::getenv("MINFER_CUDA_ATTN");
+    if (!v || !std::strcmp(v, "auto")) return true;
+    if (!std::strcmp(v, "general")) return false;
+    throw MinferError(strfmt("MINFER_CUDA_ATTN must be 'auto' or 'general', got '%s'", v));
+}
+
 bool attention_uses_tensor_cores(const AttnShape& a) {
     return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
 }
@@ -363,8 +463,13 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         return check_launch("attention_prefill_tc");
     }
     const int S = attention_splits(a);
-    launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
-           a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
+    if (a.rows == 1 && a.kv_type == GGML_TYPE_F16 && a.head_dim % 64 == 0 && decode_f16_kernel_on()) {
+        launch("attention_decode", attention_decode_f16, dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s,
+               a, q, pos, (const __half*)K, (const __half*)V, out, scratch, err);
+    } else {
+        launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
+               a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
+    }
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128), 0, s,
                a, S, pos, (const float*)scratch, out, ldo);
