@@ -298,6 +298,8 @@ def test_matmul_tiers_agree(setup, tmp_path, tier):
 @pytest.mark.parametrize("var,value,message", [
     ("MINFER_METAL_CPU_OPS", "Rope,Rop", "MINFER_METAL_CPU_OPS: unknown op 'Rop'"),
     ("MINFER_METAL_TIMEOUT_S", "soon", "MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got 'soon'"),
+    ("MINFER_METAL_MATMUL", "gemm", "MINFER_METAL_MATMUL must be 'auto', 'matvec', 'rows' or 'simdgroup', got 'gemm'"),
+    ("MINFER_METAL_ATTN", "paged", "MINFER_METAL_ATTN must be 'flash' or 'split', got 'paged'"),
 ])
 def test_bad_levers_are_errors(setup, var, value, message):
     exe, model = setup
