@@ -77,10 +77,11 @@ def test_rows_match_dot(isa, t, rng):
     for n in lengths_for(t):
         for trial in range(10):
             w = random_weight_row(rng, t, n)
-            x = (rng.standard_normal((4, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
-            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(4)])
-            want = [vec_dot(t, w, a[k], isa) for k in range(4)]
-            assert native.vec_dot_rows(t, w, a, isa) == want, f"{t.name} n={n}: 4 tokens"
+            x = (rng.standard_normal((8, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(8)])
+            want = [vec_dot(t, w, a[k], isa) for k in range(8)]
+            assert native.vec_dot_rows(t, w, a, isa) == want, f"{t.name} n={n}: 8 tokens"
+            assert native.vec_dot_rows(t, w, a[4:], isa) == want[4:], f"{t.name} n={n}: 4 tokens"
             assert native.vec_dot_rows(t, w, a[2], isa) == want[2:3], f"{t.name} n={n}: 1 token"
 
 

@@ -80,12 +80,12 @@ void bind_quant(py::module_& m) {
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
 
     m.def("vec_dot_rows", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // a: 1 or 4 activation rows, contiguous; the GEMM's unit kernel with its scale side array
+        // a: 1, 4 or 8 activation rows, contiguous; the GEMM's unit kernel with its scale side array
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n = values_in(type, wb.n, "vec_dot_rows weights");
         int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_rows activations");
-        if (na != n && na != 4 * n)
-            throw MinferError(strfmt("vec_dot_rows: weights hold %lld values, activations %lld (want 1x or 4x)", (long long)n, (long long)na));
+        if (na != n && na != 4 * n && na != 8 * n)
+            throw MinferError(strfmt("vec_dot_rows: weights hold %lld values, activations %lld (want 1x, 4x or 8x)", (long long)n, (long long)na));
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!k.rows[type]) throw MinferError(strfmt("vec_dot_rows: no %s rows kernel for %s", isa_name(k.isa), type_traits(type).name));

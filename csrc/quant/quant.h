@@ -41,7 +41,7 @@ static inline int q3_K_scale(const uint8_t* s, int j) {
 // vec_dot_type(weight type).
 typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 
-// The GEMM's unit: one weight row against n_tok (1 or 4) activation rows
+// The GEMM's unit: one weight row against n_tok (1, 4 or 8) activation rows
 // `stride` bytes apart, into out[0..n_tok).  `scales` holds what
 // act_scales() makes of each activation row (its f16 block scales in f32, so
 // they are converted once per matrix, not once per weight row), rows

@@ -95,14 +95,14 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const vec_dot_rows_fn rows = kernels.rows[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
-        // four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel
-        for (int step = 4; rows && step >= 1; step -= 3)
-            for (; t + step <= t1; t += step) {
+        // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel
+        for (int step : {8, 4, 1})
+            for (; rows && t + step <= t1; t += step) {
                 const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
                 const float* sp = a.sc.data() + t * a.n_sc;
                 float* yt = job.y + t * job.y_ld;
                 for (int64_t r = r0; r < r1; r++) {
-                    float o[4];
+                    float o[8];
                     rows(cols, wb + size_t(r) * w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
                     for (int k = 0; k < step; k++) yt[k * job.y_ld + r] = o[k];
                 }
