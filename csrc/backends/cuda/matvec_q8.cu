@@ -36,12 +36,7 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int6
     const int lane = threadIdx.x & 31;
     const int64_t b = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5), r = blockIdx.y;
     if (b >= K / 32) return;  // whole warps
-    const float v = x[r * ldx + b * 32 + lane];
-    const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int qi = int(roundf(v * id));
-    q[r * K + b * 32 + lane] = int8_t(qi);
-    const float s = warp_sum(float(qi));  // |sum| <= 32 * 127: exact in f32
-    if (lane == 0) ds[r * (K / 32) + b] = make_float2(d, d * s);
+    quantize_lane(x[r * ldx + b * 32 + lane], q + r * K + b * 32 + lane, ds + r * (K / 32) + b);
 }
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }

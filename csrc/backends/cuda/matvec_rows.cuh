@@ -1,7 +1,10 @@
 // What the two decode matvec kernels (matvec.cu: f32 activations,
 // matvec_q8.cu: 8-bit activations) share: which weight row a warp computes
-// when several parts share a launch, and how the row's result is stored.
+// when several parts share a launch, and how the row's result is stored; and
+// how the 8-bit activations are made (by quantize_x, and by add_rmsnorm for
+// the projection after it: one definition, so the two are identical).
 #pragma once
+#include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
 namespace minfer::cuda {
@@ -30,6 +33,16 @@ __device__ __forceinline__ void store_warp_row(const MatvecArgs& a, const WarpRo
         if (a.swiglu) a.y[r * a.ldy + w.o] = acc[r] / (1.0f + expf(-acc[r])) * acc2[r];
         else a.y[r * a.ldy + A.y_col + w.o] = acc[r] + (A.bias ? A.bias[w.o] : 0.0f);
     }
+}
+
+// Value v of a 32-value activation block whose values the lanes of one warp hold in order: q = round(v / d),
+// d = the block's amax / 127 (half away from zero, as the CPU's quantizer); lane 0 writes (d, d * sum(q)).
+__device__ __forceinline__ void quantize_lane(float v, int8_t* q, float2* ds) {
+    const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int qi = int(roundf(v * id));
+    *q = int8_t(qi);
+    const float s = warp_sum(float(qi));  // |sum| <= 32 * 127: exact in f32
+    if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * s);
 }
 
 }  // namespace minfer::cuda

@@ -6,6 +6,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/matvec_rows.cuh"
 #include "quant/types.h"
 
 namespace minfer::cuda {
@@ -32,8 +33,8 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
 // The residual add fused with the next RMSNorm, one block per row: the sum
 // s = a + b goes to y[:, :cols] and s / rms(s) * w to y[:, cols:] (each
 // thread re-reads only the sums it wrote itself).  With q8.q, the norm is also
-// rounded to 8-bit blocks of 32 for the decode matvec that reads it (the same
-// arithmetic as quantize_x in matvec_q8.cu: a warp holds 32 consecutive values).
+// rounded to 8-bit blocks of 32 for the decode matvec that reads it
+// (quantize_lane, as quantize_x does: a warp holds 32 consecutive values).
 __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                                            float* y, int64_t ldy, int cols, const float* __restrict__ w,
                                                            float eps, Q8Act q8) {
@@ -61,13 +62,8 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
         if (i >= cols) continue;  // whole warps: cols % 32 == 0 when q8 is asked for
         const float x = v[k] * scale * w[i];
         sr[cols + i] = x;
-        if (q8.q) {
-            const float d = warp_max(fabsf(x)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
-            const int qi = int(roundf(x * id));
-            q8.q[int64_t(blockIdx.x) * cols + i] = int8_t(qi);
-            const float sum = warp_sum(float(qi));
-            if ((threadIdx.x & 31) == 0) q8.ds[int64_t(blockIdx.x) * (cols / 32) + i / 32] = make_float2(d, d * sum);
-        }
+        if (q8.q)
+            quantize_lane(x, q8.q + int64_t(blockIdx.x) * cols + i, q8.ds + int64_t(blockIdx.x) * (cols / 32) + i / 32);
     }
 }
 

@@ -137,6 +137,9 @@ struct Bound {  // a buffer argument of a dispatch: what is bound, and how much 
     size_t offset, bytes;
 };
 
+// Threads of an RMSNorm threadgroup: one simdgroup for a head, more for a whole row.
+uint norm_threads(uint width) { return width >= 1024 ? 256 : width >= 256 ? 128 : 32; }
+
 const char* type_suffix(uint32_t t) {
     switch (t) {
         case GGML_TYPE_F32: return "f32";
@@ -610,7 +613,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             const uint width = node.op == Op::RmsNorm ? cols : uint(m.head_dim);
             const MetalWeight& w = weight(m.weight);
             NormArgs n{width, uint(a.in[0].ld), uint(a.out.ld), m.eps};
-            const uint threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
+            const uint threads = norm_threads(width);
             return dispatch("rms_norm", &n, sizeof n, {in(0, cols), Bound{w.buffer, w.offset, width * 4}, out},
                             MTLSizeMake(rows, cols / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
         }
@@ -618,7 +621,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             const uint width = cols / 2;
             const MetalWeight& w = weight(m.weight);
             AddNormArgs n{width, uint(a.in[0].ld), uint(a.in[1].ld), uint(a.out.ld), m.eps};
-            const uint threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
+            const uint threads = norm_threads(width);
             return dispatch("add_rms_norm", &n, sizeof n,
                             {in(0, width), in(1, width), Bound{w.buffer, w.offset, width * 4}, out},
                             MTLSizeMake(rows, 1, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
@@ -636,7 +639,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
                 BufRef win = a.out;
                 win.offset += c0;
                 NormArgs na{width, uint(a.out.ld), uint(a.out.ld), m.eps};
-                const uint threads = width >= 256 ? 128 : 32;
+                const uint threads = norm_threads(width);
                 const Bound b = at(win, node.rows, n);
                 dispatch("rms_norm", &na, sizeof na, {b, Bound{w.buffer, w.offset, width * 4}, b},
                          MTLSizeMake(rows, n / width, 1), MTLSizeMake(threads, 1, 1), {threads / 32 * 4});
