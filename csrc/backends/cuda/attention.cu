@@ -20,6 +20,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/matvec_rows.cuh"
 #include "quant/types.h"
 
 namespace minfer::cuda {
@@ -158,47 +159,66 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
 // Decode (one query row) over an f16 cache, one block per (head, split of 128
 // positions): each warp owns 32 of the positions -- one score per lane, a
 // softmax within the warp, then P V with lanes across the head's dims (two per
-// lane per 64, half2 loads) -- and the four warps merge their (max, sum,
-// output) once, in shared memory.  The general kernel above needs two block
-// reductions and a shared-memory round per chunk; this one has no barrier
-// between loading q and the merge.  Its partials have the same form.
+// lane per 64) -- and the four warps merge their (max, sum, output) once, in
+// shared memory.  Decode attention is a chain of memory latencies, not of
+// bytes, so every load of a warp's K rows and V rows is issued first, into
+// registers (the V rows do not depend on the scores), before q is even read:
+// one round trip to memory instead of one per step of the loops.  HD is the
+// head dim (64 or 128).  Its partials have the form of the general kernel's.
+template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, const float* __restrict__ q,
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
                                                                 float* __restrict__ partial, uint32_t* err) {
     pdl_start();
-    __shared__ float qs[kMaxHeadDim];
-    __shared__ float wm[kThreads / 32], wl[kThreads / 32];
-    __shared__ float wo[kThreads / 32][kMaxHeadDim];
+    constexpr int W = kThreads / 32, NV = HD / 64;
+    __shared__ float qs[HD];
+    __shared__ float wm[W], wl[W];
+    __shared__ float wo[W][HD];
     const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
-    const int hd = a.head_dim, dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
+    const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p = pos[0];
-    float* o_final = out + int64_t(h) * hd;
-    float* part = partial + (int64_t(h) * S + z) * (hd + 2);
+    float* o_final = out + int64_t(h) * HD;
+    float* part = partial + (int64_t(h) * S + z) * (HD + 2);
     if (p < 0 || p >= a.n_ctx) {  // uniform over the block
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
-        for (int d = threadIdx.x; d < hd; d += kThreads) {
+        for (int d = threadIdx.x; d < HD; d += kThreads) {
             if (S == 1) o_final[d] = 0.0f;
             else part[2 + d] = 0.0f;
         }
         if (S > 1 && threadIdx.x == 0) part[0] = -INFINITY, part[1] = 0.0f;
         return;
     }
-    for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = q[int64_t(h) * hd + d];
-    __syncthreads();
     const int j0 = z * kChunk + warp * 32, j = j0 + lane;  // S * kChunk >= n_ctx: one chunk per split
+    const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
+    uint4 kr[HD / 8];                     // this lane's K row j
+    uint32_t vr[32][NV];                  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    if (j <= p) {
+        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
+    }
+#pragma unroll
+    for (int jj = 0; jj < 32; jj++) {
+        const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
+#pragma unroll
+        for (int i = 0; i < NV; i++) vr[jj][i] = jj < nj ? vp[lane + 32 * i] : 0u;
+    }
+    for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
+    __syncthreads();
     float sc = -INFINITY;
     if (j <= p) {
         float dot = 0.0f;
-#pragma unroll 8
-        for (int d0 = 0; d0 < kMaxHeadDim; d0 += 8) {
-            if (d0 < hd) {
-                float kv[8];
-                kv_load8(GGML_TYPE_F16, (const uint8_t*)K, j, dim, col0 + d0, kv);
 #pragma unroll
-                for (int i = 0; i < 8; i++) dot += qs[d0 + i] * kv[i];
+        for (int i = 0; i < HD / 8; i++) {
+            const __half2* h2 = (const __half2*)&kr[i];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float2 f = __half22float2(h2[t]);
+                dot += qs[8 * i + 2 * t] * f.x;
+                dot += qs[8 * i + 2 * t + 1] * f.y;
             }
         }
         sc = dot * a.scale;
@@ -206,40 +226,36 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
     const float e = j <= p ? expf(sc - m) : 0.0f;
     const float l = warp_sum(e);
-    float acc[kMaxHeadDim / 64][2];
+    float acc[NV][2];
 #pragma unroll
-    for (int i = 0; i < kMaxHeadDim / 64; i++) acc[i][0] = acc[i][1] = 0.0f;
-    const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
-#pragma unroll 8
+    for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
+#pragma unroll
     for (int jj = 0; jj < 32; jj++) {
-        const float w = __shfl_sync(0xffffffffu, e, jj);
-        if (jj < nj) {
-            const __half2* vr = (const __half2*)(V + int64_t(j0 + jj) * dim + col0);
+        const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
 #pragma unroll
-            for (int i = 0; i < kMaxHeadDim / 64; i++) {
-                if (64 * i < hd) {
-                    const float2 v = __half22float2(vr[lane + 32 * i]);
-                    acc[i][0] += w * v.x;
-                    acc[i][1] += w * v.y;
-                }
-            }
+        for (int i = 0; i < NV; i++) {
+            const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
+            acc[i][0] += w * v.x;
+            acc[i][1] += w * v.y;
         }
     }
     if (lane == 0) wm[warp] = m, wl[warp] = l;
 #pragma unroll
-    for (int i = 0; i < kMaxHeadDim / 64; i++)
-        if (64 * i < hd) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
+    for (int i = 0; i < NV; i++) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
     __syncthreads();
     float M = -INFINITY;
-    for (int w = 0; w < kThreads / 32; w++) M = fmaxf(M, wm[w]);
-    float f[kThreads / 32], L = 0.0f;
-    for (int w = 0; w < kThreads / 32; w++) {
+#pragma unroll
+    for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
+    float f[W], L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; w++) {
         f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
         L += f[w] * wl[w];
     }
-    for (int d = threadIdx.x; d < hd; d += kThreads) {
+    for (int d = threadIdx.x; d < HD; d += kThreads) {
         float o = 0.0f;
-        for (int w = 0; w < kThreads / 32; w++) o += f[w] * wo[w][d];
+#pragma unroll
+        for (int w = 0; w < W; w++) o += f[w] * wo[w][d];
         if (S == 1) o_final[d] = L > 0.0f ? o / L : 0.0f;
         else part[2 + d] = o;
     }
@@ -247,9 +263,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
 }
 
 // Merges the partials of each (row, head): weights exp(m_z - max m).  Only the
-// splits that hold positions <= the row's (the rest are empty) are read.
+// splits that hold positions <= the row's (the rest are empty) are read.  With
+// q8.q the merged output is also rounded to 8-bit blocks of 32 (a warp holds 32
+// consecutive values of the head: head_dim % 32 == 0), for the O projection.
 __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __restrict__ pos,
-                                         const float* __restrict__ partial, float* __restrict__ out, int64_t ldo) {
+                                         const float* __restrict__ partial, float* __restrict__ out, int64_t ldo,
+                                         Q8Act q8) {
     pdl_start();
     const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim;
     const int live = min(S, max(0, pos[r]) / kChunk + 1);
@@ -270,7 +289,10 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
             const float mz = base[z * (hd + 2)];
             if (mz > -INFINITY) acc += expf(mz - M) * base[z * (hd + 2) + 2 + d];
         }
-        out[int64_t(r) * ldo + int64_t(h) * hd + d] = L > 0.0f ? acc / L : 0.0f;
+        const float o = L > 0.0f ? acc / L : 0.0f;
+        const int64_t col = int64_t(h) * hd + d, K = int64_t(a.n_head) * hd;
+        out[int64_t(r) * ldo + col] = o;
+        if (q8.q) quantize_lane(o, q8.q + r * K + col, q8.ds + r * (K / 32) + col / 32);
     }
 }
 
@@ -445,7 +467,9 @@ size_t attention_scratch_floats(const AttnShape& a) {
 }
 
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
-               float* out, int64_t ldo, float* scratch, uint32_t* err, cudaStream_t s) {
+               float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s) {
+    if (q8.q && a.head_dim % 32)
+        throw MinferError(strfmt("CUDA attention: 8-bit output needs head_dim %% 32 == 0, got %d", a.head_dim));
     if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
         throw MinferError(strfmt("CUDA attention: head_dim %d (at most %d), %d heads over %d KV heads", a.head_dim,
                                  kMaxHeadDim, a.n_head, a.n_head_kv));
@@ -463,16 +487,18 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         return check_launch("attention_prefill_tc");
     }
     const int S = attention_splits(a);
-    if (a.rows == 1 && a.kv_type == GGML_TYPE_F16 && a.head_dim % 64 == 0 && decode_f16_kernel_on()) {
-        launch("attention_decode", attention_decode_f16, dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s,
-               a, q, pos, (const __half*)K, (const __half*)V, out, scratch, err);
+    const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
+    if (fast && decode_f16_kernel_on()) {
+        launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
+               dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
+               (const __half*)V, out, scratch, err);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
     }
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128), 0, s,
-               a, S, pos, (const float*)scratch, out, ldo);
+               a, S, pos, (const float*)scratch, out, ldo, q8);
 }
 
 }  // namespace minfer::cuda

@@ -64,9 +64,12 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // Programmatic dependent launch (Hopper): a kernel started with launch() may
 // begin while the kernel before it on the stream is still finishing, so the
 // launch latency between the small kernels of a decode step overlaps work.
-// Every such kernel calls pdl_start() before touching global memory: it waits
+// Every such kernel calls pdl_start() before reading what earlier kernels wrote: it waits
 // for the previous kernel to complete with its writes visible, then lets the
 // next kernel begin launching.  MINFER_CUDA_PDL=0 launches plainly (A/B).
+// A kernel may read what no kernel of the step writes (norm weights, the
+// positions uploaded before the step) before pdl_start(), so that those reads
+// overlap the previous kernel; everything else comes after it.
 __device__ __forceinline__ void pdl_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -531,8 +531,15 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
             const size_t need = attention_scratch_floats(s);
             float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
-            return cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v),
-                                   at(a.out), a.out.ld, sc, err_dev_, stream_);
+            cuda::Q8Act q8;  // decode with a combine step: also the output as the O projection's 8-bit activations
+            if (decode_q8_ && rows <= kMatvecMaxRows && cols % 64 == 0 && m.head_dim % 32 == 0 &&
+                cuda::attention_splits(s) > 1)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
+                                  rows, cols);
+            cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v), at(a.out),
+                            a.out.ld, sc, err_dev_, q8, stream_);
+            if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+            return;
         }
         case Op::Add: case Op::Mul: case Op::SwiGLU:
             return cuda::elementwise(node.op == Op::Add ? Ew::Add : node.op == Op::Mul ? Ew::Mul : Ew::SwiGLU,

@@ -30,28 +30,35 @@ __global__ void rmsnorm_kernel(const float* x, int64_t ldx, float* y, int64_t ld
     for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i] * scale * w[i];
 }
 
-// The residual add fused with the next RMSNorm, one block per row: the sum
-// s = a + b goes to y[:, :cols] and s / rms(s) * w to y[:, cols:] (each
-// thread re-reads only the sums it wrote itself).  With q8.q, the norm is also
-// rounded to 8-bit blocks of 32 for the decode matvec that reads it
-// (quantize_lane, as quantize_x does: a warp holds 32 consecutive values).
+// The residual add fused with the next RMSNorm: the sum s = a + b goes to
+// y[:, :cols] and s / rms(s) * w to y[:, cols:].  Value k of a thread is column
+// threadIdx.x + k * blockDim.x; block (x, row) writes the values k in
+// [x * per, (x + 1) * per).  Decode spreads a row over cols / blockDim blocks
+// (per = 1), each of which sums the whole row's squares itself: a wide, short
+// kernel instead of one SM walking the row.  Prefill takes one block per row.
+// With q8.q, the norm is also rounded to 8-bit blocks of 32 for the decode
+// matvec that reads it (quantize_lane, as quantize_x does).
 __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
-                                                           float* y, int64_t ldy, int cols, const float* __restrict__ w,
-                                                           float eps, Q8Act q8) {
+                                                           float* y, int64_t ldy, int cols, int per,
+                                                           const float* __restrict__ w, float eps, Q8Act q8) {
+    const int row = blockIdx.y, k0 = blockIdx.x * per;
+    float wv[kAddNormPer];  // the norm weights are no kernel's output: read before waiting on the one before
+#pragma unroll
+    for (int k = 0; k < kAddNormPer; k++) {
+        const int i = threadIdx.x + k * blockDim.x;
+        wv[k] = k >= k0 && k < k0 + per && i < cols ? w[i] : 0.0f;
+    }
     pdl_start();
     __shared__ float scratch[32];
-    const float* ar = a + int64_t(blockIdx.x) * lda;
-    const float* br = b + int64_t(blockIdx.x) * ldb;
-    float* sr = y + int64_t(blockIdx.x) * ldy;
-    // A decode row is one block: all of its loads are issued at once (values kept in registers, at most
-    // kAddNormPer per thread) rather than a loop's worth of latencies apart.
-    float v[kAddNormPer];
+    const float* ar = a + int64_t(row) * lda;
+    const float* br = b + int64_t(row) * ldb;
+    float* sr = y + int64_t(row) * ldy;
+    float v[kAddNormPer];  // every load of the row in flight at once, values kept in registers
     float ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < kAddNormPer; k++) {
         const int i = threadIdx.x + k * blockDim.x;
         v[k] = i < cols ? ar[i] + br[i] : 0.0f;
-        if (i < cols) sr[i] = v[k];
         ss += v[k] * v[k];
     }
     ss = block_sum(ss, scratch);
@@ -59,11 +66,12 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 #pragma unroll
     for (int k = 0; k < kAddNormPer; k++) {
         const int i = threadIdx.x + k * blockDim.x;
-        if (i >= cols) continue;  // whole warps: cols % 32 == 0 when q8 is asked for
-        const float x = v[k] * scale * w[i];
+        if (k < k0 || k >= k0 + per || i >= cols) continue;  // whole warps: cols % 32 == 0 when q8 is asked for
+        const float x = v[k] * scale * wv[k];
+        sr[i] = v[k];
         sr[cols + i] = x;
         if (q8.q)
-            quantize_lane(x, q8.q + int64_t(blockIdx.x) * cols + i, q8.ds + int64_t(blockIdx.x) * (cols / 32) + i / 32);
+            quantize_lane(x, q8.q + int64_t(row) * cols + i, q8.ds + int64_t(row) * (cols / 32) + i / 32);
     }
 }
 
@@ -100,19 +108,20 @@ __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __r
     rotate_pair(xh, yh, i, half, neox, cs, sn);
 }
 
-// One k or v row into the cache at position p: f32/f16 copy or q8_0 blocks
-// (amax / 127, round half away from zero, as quantize_row_act does); the
-// block's threads share the work, one thread per 32 values for q8_0.
-__device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int p, int dim) {
+// Columns [c0, c0 + n) of a k or v row into the cache at position p (src holds
+// those n values): f32/f16 copy or q8_0 blocks (amax / 127, round half away
+// from zero, as quantize_row_act does; c0 and n multiples of 32); the block's
+// threads share the work, one thread per 32 values for q8_0.
+__device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int p, int dim, int c0, int n) {
     if (kv_type == GGML_TYPE_F32) {
-        float* d = (float*)dst + int64_t(p) * dim;
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = src[i];
+        float* d = (float*)dst + int64_t(p) * dim + c0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = src[i];
     } else if (kv_type == GGML_TYPE_F16) {
-        __half* d = (__half*)dst + int64_t(p) * dim;
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) d[i] = __float2half_rn(src[i]);
+        __half* d = (__half*)dst + int64_t(p) * dim + c0;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = __float2half_rn(src[i]);
     } else {
-        uint8_t* row = dst + int64_t(p) * (dim / 32) * 34;
-        for (int b = threadIdx.x; b < dim / 32; b += blockDim.x) {
+        uint8_t* row = dst + (int64_t(p) * (dim / 32) + c0 / 32) * 34;
+        for (int b = threadIdx.x; b < n / 32; b += blockDim.x) {
             const float* xb = src + b * 32;
             float amax = 0.0f;
             for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(xb[j]));
@@ -134,53 +143,50 @@ __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, i
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         return;
     }
-    store_row(kv_type, k + int64_t(r) * ldk, K, p, dim);
-    store_row(kv_type, v + int64_t(r) * ldv, V, p, dim);
+    store_row(kv_type, k + int64_t(r) * ldk, K, p, dim, 0, dim);
+    store_row(kv_type, v + int64_t(r) * ldv, V, p, dim, 0, dim);
 }
 
-// The decode fusion of rope(q), rope(k) and the KV store, one block per row:
-// the row's cos/sin table (one double sincos per frequency, shared by every
-// head of q and k), q rotated into y, k rotated into shared memory (a q8_0
-// block needs all 32 of its rotated values), then k and v stored.  Same
-// arithmetic as rope_kernel + kv_store_kernel, so the results are identical.
+// The decode fusion of rope(q), rope(k) and the KV store: one block per head
+// of a row, a thread per rotated pair.  Blocks [0, q heads) rotate a q head
+// into y; the rest rotate a k head (into shared memory: a q8_0 block needs all
+// 32 of its rotated values) and store it, with the v head, into the cache.
+// The angles depend only on the positions, which are uploaded before the step,
+// so they are computed before waiting on the kernel before.  Same arithmetic
+// as rope_kernel + kv_store_kernel, so the results are identical.
 __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict__ q, int64_t ldq,
                                      const float* __restrict__ k, int64_t ldk, const float* __restrict__ v, int64_t ldv,
                                      const int32_t* __restrict__ pos, float* __restrict__ y, int64_t ldy, uint8_t* K,
                                      uint8_t* V, uint32_t* err) {
-    pdl_start();
-    extern __shared__ double table[];  // cos[half], sin[half], then the rotated k row (floats)
-    const int r = blockIdx.x, half = sh.rope_dim / 2, pairs = sh.head_dim / 2;
-    double* cs = table;
-    double* sn = table + half;
-    float* kr = (float*)(table + 2 * half);
+    extern __shared__ float kr[];  // the rotated k head
+    const int r = blockIdx.y, hb = blockIdx.x, n_q = sh.q_cols / sh.head_dim, i = threadIdx.x;
+    const int half = sh.rope_dim / 2, pairs = sh.head_dim / 2;
     const int p = pos[r];
-    if (p < 0 || p >= sh.n_ctx) {  // uniform over the block: nothing stored, no barrier reached
-        if (threadIdx.x == 0) atomicOr(err, kBadPosition);
+    const bool ok = p >= 0 && p < sh.n_ctx;
+    double cs = 1.0, sn = 0.0;
+    if (ok && i < half) sincos(double(p) * pow(double(sh.base), -2.0 * i / sh.rope_dim), &sn, &cs);
+    pdl_start();
+    if (!ok) {  // uniform over the block: nothing stored, no barrier reached
+        if (hb == 0 && i == 0) atomicOr(err, kBadPosition);
         return;
     }
-    for (int i = threadIdx.x; i < half; i += blockDim.x)
-        sincos(double(p) * pow(double(sh.base), -2.0 * i / sh.rope_dim), &sn[i], &cs[i]);
-    __syncthreads();
-    const float* qr = q + int64_t(r) * ldq;
-    float* yr = y + int64_t(r) * ldy;
-    const float* kx = k + int64_t(r) * ldk;
-    const int q_pairs = sh.q_cols / 2;
-    for (int t = threadIdx.x; t < q_pairs + sh.kv_dim / 2; t += blockDim.x) {
-        const bool is_q = t < q_pairs;
-        const int u = is_q ? t : t - q_pairs, h = u / pairs, i = u % pairs;
-        const float* xh = (is_q ? qr : kx) + h * sh.head_dim;
-        float* oh = (is_q ? yr : kr) + h * sh.head_dim;
-        if (i >= half) {
+    const bool is_q = hb < n_q;
+    const int h = is_q ? hb : hb - n_q;
+    const float* xh = (is_q ? q + int64_t(r) * ldq : k + int64_t(r) * ldk) + h * sh.head_dim;
+    float* oh = is_q ? y + int64_t(r) * ldy + h * sh.head_dim : kr;
+    if (i < pairs) {
+        if (i >= half) {  // dims past rope_dim pass through, two per thread
             const int j = sh.rope_dim + 2 * (i - half);
             oh[j] = xh[j];
             oh[j + 1] = xh[j + 1];
         } else {
-            rotate_pair(xh, oh, i, half, sh.neox, cs[i], sn[i]);
+            rotate_pair(xh, oh, i, half, sh.neox, cs, sn);
         }
     }
+    if (is_q) return;
     __syncthreads();
-    store_row(sh.kv_type, kr, K, p, sh.kv_dim);
-    store_row(sh.kv_type, v + int64_t(r) * ldv, V, p, sh.kv_dim);
+    store_row(sh.kv_type, kr, K, p, sh.kv_dim, h * sh.head_dim, sh.head_dim);
+    store_row(sh.kv_type, v + int64_t(r) * ldv + h * sh.head_dim, V, p, sh.kv_dim, h * sh.head_dim, sh.head_dim);
 }
 
 }  // namespace
@@ -196,15 +202,16 @@ void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, Q8Act q8, cudaStream_t s) {
-    if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols % 32 == 0, got %d", cols));
+    if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
-    // decode (a few rows): one wide block per row, every load in flight; prefill (many rows): narrower
-    // blocks, enough of them to fill the GPU
-    int threads = rows <= 4 ? std::min(1024, (cols + 31) / 32 * 32) : cols >= 1024 ? 256 : 128;
-    threads = std::max(threads, (cols + kAddNormPer - 1) / kAddNormPer + 31) / 32 * 32;
-    launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(rows)), dim3(threads), 0, s, a, lda, b, ldb, y, ldy, cols, w,
-           eps, q8);
+    // threads: enough that kAddNormPer values each cover the row
+    int threads = std::max(rows <= 4 ? 256 : cols >= 1024 ? 256 : 128, (cols + kAddNormPer - 1) / kAddNormPer);
+    threads = (threads + 31) / 32 * 32;
+    const int slices = (cols + threads - 1) / threads;
+    const int per = rows <= 4 ? 1 : slices;  // decode: one block per slice of the row
+    launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(slices / per), unsigned(rows)), dim3(threads), 0, s, a, lda,
+           b, ldb, y, ldy, cols, per, w, eps, q8);
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,
@@ -229,14 +236,15 @@ void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int
 void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                    int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
                    cudaStream_t s) {
-    if (sh.head_dim <= 0 || sh.q_cols % sh.head_dim || sh.kv_dim % sh.head_dim || sh.rope_dim > sh.head_dim ||
-        sh.rope_dim % 2 || (sh.kv_type == GGML_TYPE_Q8_0 && sh.kv_dim % 32))
-        throw MinferError(strfmt("CUDA rope_kv_store: q %d, kv %d columns, head_dim %d, rope_dim %d", sh.q_cols,
-                                 sh.kv_dim, sh.head_dim, sh.rope_dim));
-    const size_t smem = size_t(sh.rope_dim) * sizeof(double) + size_t(sh.kv_dim) * sizeof(float);
-    if (smem > 48 * 1024) throw MinferError(strfmt("CUDA rope_kv_store: a KV row of %d values is too wide", sh.kv_dim));
-    launch("rope_kv_store", rope_kv_store_kernel, dim3(unsigned(sh.rows)), dim3(256), smem, s, sh, q, ldq, k, ldk, v, ldv,
-           pos, y, ldy, (uint8_t*)K, (uint8_t*)V, err);
+    if (sh.head_dim <= 0 || sh.head_dim > 2048 || sh.q_cols % sh.head_dim || sh.kv_dim % sh.head_dim ||
+        sh.rope_dim > sh.head_dim || sh.rope_dim % 2 || (sh.kv_type == GGML_TYPE_Q8_0 && sh.head_dim % 32))
+        throw MinferError(strfmt("CUDA rope_kv_store: q %d, kv %d columns, head_dim %d, rope_dim %d (%s cache)",
+                                 sh.q_cols, sh.kv_dim, sh.head_dim, sh.rope_dim,
+                                 sh.kv_type == GGML_TYPE_Q8_0 ? "q8_0: heads of whole 32-blocks" : "f16/f32"));
+    const int heads = (sh.q_cols + sh.kv_dim) / sh.head_dim, threads = (sh.head_dim / 2 + 31) / 32 * 32;
+    launch("rope_kv_store", rope_kv_store_kernel, dim3(unsigned(heads), unsigned(sh.rows)), dim3(unsigned(threads)),
+           size_t(sh.head_dim) * sizeof(float), s, sh, q, ldq, k, ldk, v, ldv, pos, y, ldy, (uint8_t*)K, (uint8_t*)V,
+           err);
 }
 
 }  // namespace minfer::cuda
