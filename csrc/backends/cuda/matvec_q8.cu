@@ -154,42 +154,46 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
     }
 }
 
-template <int T>
+// NR: the activation rows the code is built for (1: decode's usual case, with a fraction of the registers of
+// kR, so more warps fit per SM); n_rows <= NR of them are used.
+template <int T, int NR>
 __device__ __forceinline__ void row_dots(const uint8_t* __restrict__ row, const XQ& x, int n_rows, int lane,
-                                         float (&acc)[kR]) {
+                                         float (&acc)[NR]) {
     const int chunks = int(x.K / chunk_values<T>());
     for (int c = lane; c < chunks; c += 32)
 #pragma unroll
-        for (int r = 0; r < kR; r++)
+        for (int r = 0; r < NR; r++)
             if (r < n_rows) acc[r] += chunk_dot<T>(row, c, x.q + r * x.K, x.ds + r * (x.K / 32));
 }
 
+template <int NR>
 __device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, const XQ& x, int n_rows, int lane,
-                                             float (&acc)[kR]) {
+                                             float (&acc)[NR]) {
     switch (type) {
-        case GGML_TYPE_Q4_0: return row_dots<GGML_TYPE_Q4_0>(row, x, n_rows, lane, acc);
-        case GGML_TYPE_Q5_0: return row_dots<GGML_TYPE_Q5_0>(row, x, n_rows, lane, acc);
-        case GGML_TYPE_Q8_0: return row_dots<GGML_TYPE_Q8_0>(row, x, n_rows, lane, acc);
-        case GGML_TYPE_Q4_K: return row_dots<GGML_TYPE_Q4_K>(row, x, n_rows, lane, acc);
-        case GGML_TYPE_Q6_K: return row_dots<GGML_TYPE_Q6_K>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q4_0: return row_dots<GGML_TYPE_Q4_0, NR>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q5_0: return row_dots<GGML_TYPE_Q5_0, NR>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q8_0: return row_dots<GGML_TYPE_Q8_0, NR>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q4_K: return row_dots<GGML_TYPE_Q4_K, NR>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q6_K: return row_dots<GGML_TYPE_Q6_K, NR>(row, x, n_rows, lane, acc);
         default: return;
     }
 }
 
 // One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.
+template <int NR>
 __global__ void __launch_bounds__(32 * kMatvecWarps) matvec_q8_kernel(MatvecArgs a, XQ x) {
     pdl_start();
     const int lane = threadIdx.x & 31;
     const WarpRow row = warp_row(a, int64_t(blockIdx.x) * kMatvecWarps + (threadIdx.x >> 5));
     if (!row.live) return;  // no block-wide barriers below
     const MatvecPart& A = a.part[row.p];
-    float acc[kR], acc2[kR];
+    float acc[NR], acc2[NR];
 #pragma unroll
-    for (int r = 0; r < kR; r++) acc[r] = acc2[r] = 0.0f;
-    row_dots_any(A.type, A.W + row.o * A.rb, x, a.n_rows, lane, acc);
-    if (a.swiglu) row_dots_any(a.part[1].type, a.part[1].W + row.o * a.part[1].rb, x, a.n_rows, lane, acc2);
+    for (int r = 0; r < NR; r++) acc[r] = acc2[r] = 0.0f;
+    row_dots_any<NR>(A.type, A.W + row.o * A.rb, x, a.n_rows, lane, acc);
+    if (a.swiglu) row_dots_any<NR>(a.part[1].type, a.part[1].W + row.o * a.part[1].rb, x, a.n_rows, lane, acc2);
 #pragma unroll
-    for (int r = 0; r < kR; r++) {
+    for (int r = 0; r < NR; r++) {
         acc[r] = warp_sum(acc[r]);
         acc2[r] = warp_sum(acc2[r]);
     }
@@ -229,8 +233,9 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     if (!quantized)
         launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
                a.x, a.ldx, a.K, x.q, x.ds);
-    launch("matvec_q8", matvec_q8_kernel, dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)),
-           dim3(32 * kMatvecWarps), 0, s, a, XQ{x.q, x.ds, a.K});
+    launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
+           dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a,
+           XQ{x.q, x.ds, a.K});
 }
 
 }  // namespace minfer::cuda
