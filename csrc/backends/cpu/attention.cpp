@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <vector>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #include "backends/kv_format.h"
 #include "common/error.h"
@@ -10,17 +13,138 @@
 namespace minfer {
 
 namespace {
+#if defined(__AVX2__) && defined(__FMA__)
+// e^x for x <= 0, eight at a time: x = n ln2 + r (|r| <= ln2 / 2, ln2 split in two
+// for an exact product), e^r by the Cephes polynomial, 2^n through the exponent
+// bits; about 1 ulp.  Below -87.3 (where 2^n would leave the normal range) 0.
+inline __m256 exp_nonpositive(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 gone = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 y = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(gone, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+}
+#endif
+
 // s[j] <- exp(s[j] - max s); returns 1 / sum (double-accumulated), the factor
-// the callers fold into their weighted sum of values.
+// the callers fold into their weighted sum of values.  Every position goes
+// through the same exp (the last partial group of 8 is padded), so a row's
+// result depends only on its own scores.
 float softmax_unnormalized(float* s, int nk) {
     float mx = -INFINITY;
     for (int j = 0; j < nk; j++) mx = std::max(mx, s[j]);
+#if defined(__AVX2__) && defined(__FMA__)
+    const __m256 m = _mm256_set1_ps(mx);
+    __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
+    for (int j = 0; j < nk; j += 8) {
+        alignas(32) float t[8];
+        const int n = std::min(8, nk - j);
+        float* g = s + j;
+        if (n < 8) {  // the tail, padded with -inf (exp 0)
+            for (int i = 0; i < 8; i++) t[i] = i < n ? s[j + i] : -INFINITY;
+            g = t;
+        }
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(g), m));
+        _mm256_storeu_ps(g, e);
+        if (n < 8)
+            for (int i = 0; i < n; i++) s[j + i] = t[i];
+        sum0 = _mm256_add_pd(sum0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        sum1 = _mm256_add_pd(sum1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    alignas(32) double d[4];
+    _mm256_store_pd(d, _mm256_add_pd(sum0, sum1));
+    return float(1.0 / ((d[0] + d[1]) + (d[2] + d[3])));
+#else
     double sum = 0.0;
     for (int j = 0; j < nk; j++) {
         s[j] = std::exp(s[j] - mx);
         sum += s[j];
     }
     return float(1.0 / sum);
+#endif
+}
+
+// s[j] = scale * (q . K row j), K: nk rows of hd floats.  Four keys share one
+// combined horizontal sum (each key's arithmetic is the same in the groups of 8
+// and of 4); the last nk % 4 keys are summed in order.
+void scores(const float* q, const float* K, int nk, int hd, float scale, float* s) {
+    int j = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 8 == 0 && hd <= 128) {
+        const int nv = hd / 8;
+        __m256 qv[16];
+        for (int v = 0; v < nv; v++) qv[v] = _mm256_loadu_ps(q + 8 * v);
+        auto dot_row = [&](const float* k) {
+            __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
+            for (int v = 1; v < nv; v++) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), acc);
+            return acc;
+        };
+        auto sum4 = [&](__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+            _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(scale)));
+        };
+        // eight keys at a time: eight independent chains of multiply-adds hide their latency
+        for (; j + 8 <= nk; j += 8) {
+            const float* k = K + size_t(j) * size_t(hd);
+            __m256 a[8];
+            for (int t = 0; t < 8; t++) a[t] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k + t * hd));
+            for (int v = 1; v < nv; v++)
+                for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + t * hd + 8 * v), a[t]);
+            sum4(a[0], a[1], a[2], a[3], s + j);
+            sum4(a[4], a[5], a[6], a[7], s + j + 4);
+        }
+        for (; j + 4 <= nk; j += 4) {
+            const float* k = K + size_t(j) * size_t(hd);
+            sum4(dot_row(k), dot_row(k + hd), dot_row(k + 2 * hd), dot_row(k + 3 * hd), s + j);
+        }
+    }
+#endif
+    for (; j < nk; j++) {
+        const float* k = K + size_t(j) * size_t(hd);
+        float acc = 0.0f;
+        for (int d = 0; d < hd; d++) acc += q[d] * k[d];
+        s[j] = acc * scale;
+    }
+}
+
+// y (+)= sum_j (p[j] * scale) V row j, j < nk, V: nk rows of hd floats: one
+// multiply-add per key and dim, in key order, starting from 0 (first) or from
+// y, so a row's keys taken in several chunks give the same sums as in one.
+void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, float* y, bool first) {
+#if defined(__AVX2__) && defined(__FMA__)
+    if (hd % 64 == 0) {  // 64 dims held in 8 registers per pass over the keys
+        for (int d0 = 0; d0 < hd; d0 += 64) {
+            __m256 acc[8];
+            for (int v = 0; v < 8; v++) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + d0 + 8 * v);
+            for (int j = 0; j < nk; j++) {
+                const __m256 a = _mm256_set1_ps(p[j] * scale);
+                const float* vj = V + size_t(j) * size_t(hd) + d0;
+                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vj + 8 * v), acc[v]);
+            }
+            for (int v = 0; v < 8; v++) _mm256_storeu_ps(y + d0 + 8 * v, acc[v]);
+        }
+        return;
+    }
+#endif
+    if (first)
+        for (int d = 0; d < hd; d++) y[d] = 0.0f;
+    for (int j = 0; j < nk; j++) {
+        const float a = p[j] * scale;
+        const float* vj = V + size_t(j) * size_t(hd);
+        for (int d = 0; d < hd; d++) y[d] = std::fma(a, vj[d], y[d]);
+    }
 }
 }  // namespace
 
@@ -37,71 +161,84 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool, const DotKernels& kernels) {
+                   int head_dim, float scale, ThreadPool& pool, const DotKernels&) {
     const int group = n_head / n_head_kv;
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
-    const vec_dot_fn dot = kernels.dot[GGML_TYPE_F32];
-    // Tasks: (kv head, block of query rows).  A task converts the keys and values
-    // of its kv head once and serves every query head of the group with them.
-    constexpr int64_t kBlock = 16;
-    const int64_t n_blocks = (rows + kBlock - 1) / kBlock;
     for (int64_t r = 0; r < rows; r++)
         if (pos[r] < 0 || pos[r] >= kv.n_ctx)
             throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
-    if (kv.type == GGML_TYPE_F16) {
-        // The default f16 cache is read in place: scores_f16 and axpy_f16
-        // (kv_format).  Without a conversion pass a task can be one query head
-        // (decode has only 2-3 KV heads: too few tasks for the pool).  Prefill
-        // and decode run the very same arithmetic per (row, head), so a token's
-        // result does not depend on how the tokens were batched into evals
-        // (prefix reuse gives the answer a fresh prompt gives).
-        pool.parallel_for(int64_t(n_head) * n_blocks, [&](int64_t task, int) {
-            const int h = int(task % n_head), g = h / group;
-            const int64_t r0 = (task / n_head) * kBlock, r1 = std::min(rows, r0 + kBlock);
-            thread_local std::vector<float> s;
-            const uint16_t* K = (const uint16_t*)k_cache + int64_t(g) * head_dim;
-            const uint16_t* V = (const uint16_t*)v_cache + int64_t(g) * head_dim;
-            const size_t stride = rb / 2;  // in f16 values
-            for (int64_t r = r0; r < r1; r++) {
-                const int nk = pos[r] + 1;
-                s.resize(size_t(nk));
-                const float* qh = q + r * q_ld + int64_t(h) * head_dim;
-                float* oh = out + r * out_ld + int64_t(h) * head_dim;
-                scores_f16(qh, K, stride, nk, head_dim, scale, s.data());
-                const float inv = softmax_unnormalized(s.data(), nk);
-                for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
-                for (int j = 0; j < nk; j++) axpy_f16(s[size_t(j)] * inv, V + size_t(j) * stride, oh, head_dim);
-            }
-        });
-        return;
-    }
-    pool.parallel_for(int64_t(n_head_kv) * n_blocks, [&](int64_t task, int) {
-        const int g = int(task % n_head_kv);
-        const int64_t r0 = (task / n_head_kv) * kBlock, r1 = std::min(rows, r0 + kBlock);
+    // Tasks: (kv head, block of query rows, part of the heads sharing that kv
+    // head).  A task reads its kv head's keys and values once, in chunks of
+    // kChunk positions converted to f32 (exact: f16 and q8_0 values are floats)
+    // while they sit in L1, and serves its query heads and rows with each chunk.
+    // The heads of a group are split only when there are too few tasks for the
+    // pool (decode: 2-8 kv heads).  Each (row, head) runs the same arithmetic
+    // however tasks and chunks are cut and tokens batched, so prefix reuse gives
+    // the answer a fresh prompt gives.
+    constexpr int64_t kBlock = 16;
+    constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1); a multiple of scores()'s groups of 8
+    const int64_t n_blocks = (rows + kBlock - 1) / kBlock;
+    int parts = 1;
+    while (parts < group && int64_t(n_head_kv) * n_blocks * parts < pool.size()) parts++;
+    const int per_part = (group + parts - 1) / parts;
+    pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
+        const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
+        const int64_t r0 = (task / (int64_t(n_head_kv) * parts)) * kBlock, r1 = std::min(rows, r0 + kBlock);
+        const int h0 = g * group + part * per_part, h1 = std::min((g + 1) * group, h0 + per_part);
+        if (h0 >= h1) return;
+        const int nh = h1 - h0;
         int n_keys = 0;
         for (int64_t r = r0; r < r1; r++) n_keys = std::max(n_keys, pos[r] + 1);
-        // per-thread scratch, reused across calls: [n_keys, head_dim] keys and values, scores
-        thread_local std::vector<float> K, V, s;
-        K.resize(size_t(n_keys) * size_t(head_dim));
-        V.resize(size_t(n_keys) * size_t(head_dim));
-        s.resize(size_t(n_keys));
-        for (int j = 0; j < n_keys; j++) {
-            kv_read_row(kv.type, k_cache + size_t(j) * rb, int64_t(g) * head_dim, &K[size_t(j) * size_t(head_dim)], head_dim);
-            kv_read_row(kv.type, v_cache + size_t(j) * rb, int64_t(g) * head_dim, &V[size_t(j) * size_t(head_dim)], head_dim);
-        }
-        for (int64_t r = r0; r < r1; r++) {
-            const int nk = pos[r] + 1;
-            for (int h = g * group; h < (g + 1) * group; h++) {
-                const float* qh = q + r * q_ld + int64_t(h) * head_dim;
-                float* oh = out + r * out_ld + int64_t(h) * head_dim;
-                for (int j = 0; j < nk; j++) s[size_t(j)] = dot(head_dim, &K[size_t(j) * size_t(head_dim)], qh) * scale;
-                const float inv = softmax_unnormalized(s.data(), nk);
-                for (int d = 0; d < head_dim; d++) oh[d] = 0.0f;
-                for (int j = 0; j < nk; j++) {
-                    const float p = s[size_t(j)] * inv;
-                    const float* vj = &V[size_t(j) * size_t(head_dim)];
-                    for (int d = 0; d < head_dim; d++) oh[d] += p * vj[d];
+        // per-thread scratch, reused across calls: one chunk of keys or values, the scores of every
+        // (row, head) of the task ([rows][heads][n_keys]) and their softmax factors
+        thread_local std::vector<float> C, S, inv;
+        C.resize(size_t(kChunk) * size_t(head_dim));
+        S.resize(size_t(r1 - r0) * size_t(nh) * size_t(n_keys));
+        inv.resize(size_t(r1 - r0) * size_t(nh));
+        // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
+        // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
+        const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
+        auto load_chunk = [&](const uint8_t* cache, int j0, int n) {
+            constexpr int kAhead = 16;
+            for (int j = 0; j < n; j++) {
+                if (j0 + j + kAhead < n_keys)
+                    for (size_t b = 0; b < slice; b += 64)
+                        __builtin_prefetch(cache + size_t(j0 + j + kAhead) * rb + slice0 + b);
+                const uint8_t* row = cache + size_t(j0 + j) * rb;
+                float* c = &C[size_t(j) * size_t(head_dim)];
+#if defined(__AVX2__) && defined(__F16C__)
+                if (kv.type == GGML_TYPE_F16 && head_dim % 8 == 0) {  // the default cache, converted inline
+                    const uint16_t* h = (const uint16_t*)(row + slice0);
+                    for (int d = 0; d < head_dim; d += 8)
+                        _mm256_storeu_ps(c + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))));
+                    continue;
                 }
+#endif
+                kv_read_row(kv.type, row, int64_t(g) * head_dim, c, head_dim);
+            }
+        };
+        auto scores_of = [&](int64_t r, int h) { return &S[(size_t(r - r0) * size_t(nh) + size_t(h - h0)) * size_t(n_keys)]; };
+        for (int j0 = 0; j0 < n_keys; j0 += kChunk) {  // scores, chunk by chunk of keys
+            const int n = std::min(kChunk, n_keys - j0);
+            load_chunk(k_cache, j0, n);
+            for (int64_t r = r0; r < r1; r++) {
+                const int nk = std::min(n, pos[r] + 1 - j0);
+                if (nk <= 0) continue;
+                for (int h = h0; h < h1; h++)
+                    scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
+            }
+        }
+        for (int64_t r = r0; r < r1; r++)
+            for (int h = h0; h < h1; h++) inv[size_t(r - r0) * size_t(nh) + size_t(h - h0)] = softmax_unnormalized(scores_of(r, h), pos[r] + 1);
+        for (int j0 = 0; j0 < n_keys; j0 += kChunk) {  // P V, chunk by chunk of values
+            const int n = std::min(kChunk, n_keys - j0);
+            load_chunk(v_cache, j0, n);
+            for (int64_t r = r0; r < r1; r++) {
+                const int nk = std::min(n, pos[r] + 1 - j0);
+                if (nk <= 0) continue;
+                for (int h = h0; h < h1; h++)
+                    weighted_sum(scores_of(r, h) + j0, inv[size_t(r - r0) * size_t(nh) + size_t(h - h0)], C.data(), nk,
+                                 head_dim, out + r * out_ld + int64_t(h) * head_dim, j0 == 0);
             }
         }
     });
