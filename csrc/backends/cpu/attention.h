@@ -24,6 +24,6 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 // g = h / (n_head / n_head_kv).
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool, const DotKernels& kernels);
+                   int head_dim, float scale, ThreadPool& pool);
 
 }  // namespace minfer

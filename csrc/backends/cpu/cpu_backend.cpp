@@ -110,7 +110,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
             KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx};
             cpu_attention(at(a.in[0]), a.in[0].ld, at(a.out), a.out.ld, rows, (const int32_t*)at(a.in[1]),
                           (const uint8_t*)ptr(a.kv_k), (const uint8_t*)ptr(a.kv_v), kv, m.n_head, m.n_head_kv,
-                          m.head_dim, m.attn_scale, *pool_, *kernels_);
+                          m.head_dim, m.attn_scale, *pool_);
             return;
         }
         case Op::Add:
