@@ -198,49 +198,37 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
         // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
         const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
-        auto load_chunk = [&](const uint8_t* cache, int j0, int n) {
+        // each chunk of the cache, converted once, to every (row, head) of the task that sees part of it:
+        // fn(row, head, first position, visible positions of the chunk)
+        auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
             constexpr int kAhead = 16;
-            for (int j = 0; j < n; j++) {
-                if (j0 + j + kAhead < n_keys)
-                    for (size_t b = 0; b < slice; b += 64)
-                        __builtin_prefetch(cache + size_t(j0 + j + kAhead) * rb + slice0 + b);
-                const uint8_t* row = cache + size_t(j0 + j) * rb;
-                float* c = &C[size_t(j) * size_t(head_dim)];
-#if defined(__AVX2__) && defined(__F16C__)
-                if (kv.type == GGML_TYPE_F16 && head_dim % 8 == 0) {  // the default cache, converted inline
-                    const uint16_t* h = (const uint16_t*)(row + slice0);
-                    for (int d = 0; d < head_dim; d += 8)
-                        _mm256_storeu_ps(c + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))));
-                    continue;
+            for (int j0 = 0; j0 < n_keys; j0 += kChunk) {
+                const int n = std::min(kChunk, n_keys - j0);
+                for (int j = 0; j < n; j++) {
+                    if (j0 + j + kAhead < n_keys)
+                        for (size_t b = 0; b < slice; b += 64)
+                            __builtin_prefetch(cache + size_t(j0 + j + kAhead) * rb + slice0 + b);
+                    kv_read_row(kv.type, cache + size_t(j0 + j) * rb, int64_t(g) * head_dim,
+                                &C[size_t(j) * size_t(head_dim)], head_dim);
                 }
-#endif
-                kv_read_row(kv.type, row, int64_t(g) * head_dim, c, head_dim);
+                for (int64_t r = r0; r < r1; r++) {
+                    const int nk = std::min(n, pos[r] + 1 - j0);
+                    if (nk > 0)
+                        for (int h = h0; h < h1; h++) fn(r, h, j0, nk);
+                }
             }
         };
-        auto scores_of = [&](int64_t r, int h) { return &S[(size_t(r - r0) * size_t(nh) + size_t(h - h0)) * size_t(n_keys)]; };
-        for (int j0 = 0; j0 < n_keys; j0 += kChunk) {  // scores, chunk by chunk of keys
-            const int n = std::min(kChunk, n_keys - j0);
-            load_chunk(k_cache, j0, n);
-            for (int64_t r = r0; r < r1; r++) {
-                const int nk = std::min(n, pos[r] + 1 - j0);
-                if (nk <= 0) continue;
-                for (int h = h0; h < h1; h++)
-                    scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
-            }
-        }
+        auto at = [&](int64_t r, int h) { return size_t(r - r0) * size_t(nh) + size_t(h - h0); };
+        auto scores_of = [&](int64_t r, int h) { return &S[at(r, h) * size_t(n_keys)]; };
+        over_chunks(k_cache, [&](int64_t r, int h, int j0, int nk) {
+            scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
+        });
         for (int64_t r = r0; r < r1; r++)
-            for (int h = h0; h < h1; h++) inv[size_t(r - r0) * size_t(nh) + size_t(h - h0)] = softmax_unnormalized(scores_of(r, h), pos[r] + 1);
-        for (int j0 = 0; j0 < n_keys; j0 += kChunk) {  // P V, chunk by chunk of values
-            const int n = std::min(kChunk, n_keys - j0);
-            load_chunk(v_cache, j0, n);
-            for (int64_t r = r0; r < r1; r++) {
-                const int nk = std::min(n, pos[r] + 1 - j0);
-                if (nk <= 0) continue;
-                for (int h = h0; h < h1; h++)
-                    weighted_sum(scores_of(r, h) + j0, inv[size_t(r - r0) * size_t(nh) + size_t(h - h0)], C.data(), nk,
-                                 head_dim, out + r * out_ld + int64_t(h) * head_dim, j0 == 0);
-            }
-        }
+            for (int h = h0; h < h1; h++) inv[at(r, h)] = softmax_unnormalized(scores_of(r, h), pos[r] + 1);
+        over_chunks(v_cache, [&](int64_t r, int h, int j0, int nk) {
+            weighted_sum(scores_of(r, h) + j0, inv[at(r, h)], C.data(), nk, head_dim,
+                         out + r * out_ld + int64_t(h) * head_dim, j0 == 0);
+        });
     });
 }
 
