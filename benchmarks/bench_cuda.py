@@ -53,7 +53,7 @@ def decode_bytes(model, path: str, depth: int) -> float:
     return weights + 2 * c["n_layer"] * depth * c["n_head_kv"] * c["head_dim"] * 2
 
 
-def bench(name: str, reps: int, out: dict) -> None:
+def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
     import minfer._minfer as M
     from conftest import layout_model
 
@@ -65,7 +65,7 @@ def bench(name: str, reps: int, out: dict) -> None:
     rng = np.random.default_rng(0)
     V = model.config["n_vocab"]
     r = {"load_s": load, "weight_bytes": model.weight_bytes}
-    for n in (512, 2048):
+    for n in () if decode_only else (512, 2048):
         prompt = rng.integers(0, V, n).astype(np.int32)
         s.eval(prompt, 0)  # warm-up: plan, scratch, first launches
         ts = []
@@ -86,7 +86,7 @@ def bench(name: str, reps: int, out: dict) -> None:
                 pos += 1
             if rep:  # the first round captures the decode graph
                 ts.append(time.perf_counter() - t)
-            if depth == 512:  # the logits path (what a sampler needs): 600 KB back per token, argmax in numpy
+            if depth == 512 and not decode_only:  # the logits path (what a sampler needs): 600 KB back per token, argmax in numpy
                 s.eval(prompt, 0)
                 tok, pos = 1, depth
                 t = time.perf_counter()
@@ -157,6 +157,7 @@ def main() -> None:
     ap.add_argument("--json", default="")
     ap.add_argument("--kernels", action="store_true", help="kernel-level matvec/GEMM rates first")
     ap.add_argument("--profile", default="", help="per-op profile of one layout (e.g. 1.5b)")
+    ap.add_argument("--decode-only", action="store_true", help="only tg@512 and tg@4096 (A/B runs)")
     ap.add_argument("--kernels-only", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.kernels_only:
@@ -173,12 +174,14 @@ def main() -> None:
     copy = M.cuda_copy_bandwidth(1 << 31, 20)
     out = {"device": info["name"], "copy_gbps": copy / 1e9}
     for name in a.models.split(","):
-        bench(name, a.reps, out)
+        bench(name, a.reps, out, a.decode_only)
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'layout':7} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
           f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9}")
     for name in a.models.split(","):
         r, l = out[name], LLAMA.get(name, (float("nan"),) * 4)
+        r = {k: r.get(k, float("nan")) for k in ("load_s", "pp512", "pp2048", "tg@512", "tg@4096", "gbps@512",
+                                                  "gbps@4096", "tg_logits@512")}
         print(f"{name:7} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
               f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
               f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "

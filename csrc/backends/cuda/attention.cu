@@ -210,18 +210,18 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     __syncthreads();
     float sc = -INFINITY;
     if (j <= p) {
-        float dot = 0.0f;
+        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
 #pragma unroll
         for (int i = 0; i < HD / 8; i++) {
             const __half2* h2 = (const __half2*)&kr[i];
 #pragma unroll
             for (int t = 0; t < 4; t++) {
                 const float2 f = __half22float2(h2[t]);
-                dot += qs[8 * i + 2 * t] * f.x;
-                dot += qs[8 * i + 2 * t + 1] * f.y;
+                dot[t] += qs[8 * i + 2 * t] * f.x;
+                dot[t] += qs[8 * i + 2 * t + 1] * f.y;
             }
         }
-        sc = dot * a.scale;
+        sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
     }
     const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
     const float e = j <= p ? expf(sc - m) : 0.0f;
@@ -263,32 +263,42 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
 }
 
 // Merges the partials of each (row, head): weights exp(m_z - max m).  Only the
-// splits that hold positions <= the row's (the rest are empty) are read.  With
-// q8.q the merged output is also rounded to 8-bit blocks of 32 (a warp holds 32
-// consecutive values of the head: head_dim % 32 == 0), for the O projection.
+// splits that hold positions <= the row's (the rest are empty) are read.  The
+// first warp reads every split's (m, l), lanes across splits, and leaves the
+// weights in shared memory (S floats, dynamic), so that each output value is
+// one pass of independent loads: a few memory round trips, not one per split.
+// With q8.q the merged output is also rounded to 8-bit blocks of 32 (a warp
+// holds 32 consecutive values of the head: head_dim % 32 == 0), for the O
+// projection.
 __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __restrict__ pos,
                                          const float* __restrict__ partial, float* __restrict__ out, int64_t ldo,
                                          Q8Act q8) {
+    extern __shared__ float wz[];  // [S]: exp(m_z - M)
+    __shared__ float L_all;
     pdl_start();
-    const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim;
+    const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim, lane = threadIdx.x & 31;
     const int live = min(S, max(0, pos[r]) / kChunk + 1);
     const float* base = partial + (int64_t(r) * a.n_head + h) * S * (hd + 2);
-    float M = -INFINITY;
-#pragma unroll 8
-    for (int z = 0; z < live; z++) M = fmaxf(M, base[z * (hd + 2)]);
-    float L = 0.0f;
-#pragma unroll 8
-    for (int z = 0; z < live; z++) {
-        const float mz = base[z * (hd + 2)];
-        if (mz > -INFINITY) L += expf(mz - M) * base[z * (hd + 2) + 1];
+    if (threadIdx.x < 32) {
+        float M = -INFINITY;
+        for (int z = lane; z < live; z += 32) M = fmaxf(M, base[z * (hd + 2)]);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int z = lane; z < live; z += 32) {
+            const float mz = base[z * (hd + 2)];
+            const float w = mz > -INFINITY ? expf(mz - M) : 0.0f;
+            wz[z] = w;
+            L += w * base[z * (hd + 2) + 1];
+        }
+        L = warp_sum(L);
+        if (lane == 0) L_all = L;
     }
+    __syncthreads();
+    const float L = L_all;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll 8
-        for (int z = 0; z < live; z++) {
-            const float mz = base[z * (hd + 2)];
-            if (mz > -INFINITY) acc += expf(mz - M) * base[z * (hd + 2) + 2 + d];
-        }
+        for (int z = 0; z < live; z++) acc += wz[z] * base[z * (hd + 2) + 2 + d];
         const float o = L > 0.0f ? acc / L : 0.0f;
         const int64_t col = int64_t(h) * hd + d, K = int64_t(a.n_head) * hd;
         out[int64_t(r) * ldo + col] = o;
@@ -487,6 +497,8 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         return check_launch("attention_prefill_tc");
     }
     const int S = attention_splits(a);
+    if (size_t(S) * sizeof(float) > 48 * 1024)  // the combine's weights live in shared memory
+        throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
     if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
@@ -497,8 +509,8 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
     }
     if (S > 1)
-        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128), 0, s,
-               a, S, pos, (const float*)scratch, out, ldo, q8);
+        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
+               size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
 }
 
 }  // namespace minfer::cuda

@@ -60,7 +60,7 @@ __device__ __forceinline__ int spread4(uint32_t b4) {
     return int(((b4 & 1) << 4) | ((b4 & 2) << 11) | ((b4 & 4) << 18) | ((b4 & 8) << 25));
 }
 
-template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K ? 64 : 32; }
+template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q6_K ? 64 : 32; }
 
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
 template <int T>
@@ -133,24 +133,33 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         const float4 xd = *(const float4*)(ds + c * 2);  // (d, d sum) of both sub-blocks
         return h2f(dm) * (float(sc0) * xd.x * float(s0) + float(sc1) * xd.z * float(s1)) -
                h2f(dm >> 16) * (float(m0) * xd.y + float(m1) * xd.w);
-    } else {  // Q6_K: chunk = sub-block j of super-block c / 8; w = d * sc * (q - 32), two scales of 16 values
-        const uint8_t* b = row + int64_t(c / 8) * 210;
-        const int j = c % 8, half = j / 4, k = j % 4;
-        uint32_t ql[8], qh[8];
-        load_a2<8>(b + half * 64 + (k % 2) * 32, ql);
-        load_a2<8>(b + 128 + half * 32, qh);
-        const int4 x0 = ((const int4*)(xq + c * 32))[0], x1 = ((const int4*)(xq + c * 32))[1];
-        const int xv[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        int s_lo = 0, s_hi = 0;
+    } else {
+        // Q6_K: chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half + kk, kk in {0, 1}): the low
+        // and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4 of the same 32 bytes of
+        // qh; w = d * sc * (q - 32), one int8 scale per 16 values.
+        const uint8_t* b = row + int64_t(c / 4) * 210;
+        const int half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk, sub = (c / 4) * 8 + j;
+        const int4* xp = (const int4*)(xq + sub * 32);
+        int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const uint32_t q = ((ql[i] >> (4 * (k / 2))) & 0x0f0f0f0fu) | (((qh[i] >> (2 * k)) & 0x03030303u) << 4);
-            const int v = int(__vsubss4(q, 0x20202020u));  // q - 32 in each byte
-            if (i < 4) s_lo = dp4a(v, xv[i], s_lo);
-            else s_hi = dp4a(v, xv[i], s_hi);
+        for (int h = 0; h < 2; h++) {  // 16 bytes of ql and qh at a time: half the registers live
+            uint32_t ql[4], qh[4];
+            load_a2<4>(b + half * 64 + kk * 32 + 16 * h, ql);
+            load_a2<4>(b + 128 + half * 32 + 16 * h, qh);
+            const int4 xa = xp[h], xb = xp[4 + h];  // sub-blocks j and j + 2
+            const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | (((qh[i] >> (2 * kk)) & 0x03030303u) << 4);
+                const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (((qh[i] >> (2 * kk + 4)) & 0x03030303u) << 4);
+                s[h] = dp4a(int(__vsubss4(lo, 0x20202020u)), xl[i], s[h]);  // q - 32 in each byte
+                s[2 + h] = dp4a(int(__vsubss4(hi, 0x20202020u)), xh[i], s[2 + h]);
+            }
         }
-        const uint32_t sc = *(const uint16_t*)(b + 192 + 2 * j);
-        return f16_at(b + 208) * ds[c].x * (float(int8_t(sc & 0xff)) * float(s_lo) + float(int8_t(sc >> 8)) * float(s_hi));
+        const uint32_t sa = *(const uint16_t*)(b + 192 + 2 * j), sb = *(const uint16_t*)(b + 196 + 2 * j);
+        return f16_at(b + 208) *
+               (ds[sub].x * (float(int8_t(sa & 0xff)) * float(s[0]) + float(int8_t(sa >> 8)) * float(s[1])) +
+                ds[sub + 2].x * (float(int8_t(sb & 0xff)) * float(s[2]) + float(int8_t(sb >> 8)) * float(s[3])));
     }
 }
 
@@ -179,9 +188,11 @@ __device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, 
     }
 }
 
-// One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.
+// One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.  Built for
+// one activation row with at most 40 registers, so that six blocks (48 warps) fit per SM: occupancy is what
+// this latency-bound loop pays for (CUDA_NOTES runs 32, 36).
 template <int NR>
-__global__ void __launch_bounds__(32 * kMatvecWarps) matvec_q8_kernel(MatvecArgs a, XQ x) {
+__global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_kernel(MatvecArgs a, XQ x) {
     pdl_start();
     const int lane = threadIdx.x & 31;
     const WarpRow row = warp_row(a, int64_t(blockIdx.x) * kMatvecWarps + (threadIdx.x >> 5));

@@ -77,35 +77,42 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 
 // The rotation of one pair: the angle in double (at position 30000 a float
 // angle would be off by ~1e-3 rad), the products in double, one rounding.
-__device__ __forceinline__ void rotate_pair(const float* xh, float* yh, int i, int half, bool neox, double cs,
-                                            double sn) {
+// The angle of rotated pair i at position p (in double: positions in the
+// thousands times frequencies near 1 leave an f32 angle few correct bits).
+__device__ __forceinline__ void rope_angle(int p, int i, int rope_dim, float base, double* cs, double* sn) {
+    sincos(double(p) * pow(double(base), -2.0 * i / rope_dim), sn, cs);
+}
+
+// Pair i (< head_dim / 2) of a head, x -> y: rotated by the angle (cs, sn) when
+// it lies within rope_dim (NeoX pairs dims i and i + rope_dim/2, the original
+// layout dims 2i and 2i+1), else the two dims past rope_dim pass through.
+__device__ __forceinline__ void rope_pair(const float* xh, float* yh, int i, int rope_dim, bool neox, double cs,
+                                          double sn) {
+    const int half = rope_dim / 2;
+    if (i >= half) {
+        const int j = rope_dim + 2 * (i - half);
+        yh[j] = xh[j];
+        yh[j + 1] = xh[j + 1];
+        return;
+    }
     const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     const double x0 = xh[i0], x1 = xh[i1];
     yh[i0] = float(x0 * cs - x1 * sn);
     yh[i1] = float(x0 * sn + x1 * cs);
 }
 
-// One thread per rotated pair.
+// One thread per pair.
 __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __restrict__ y, int64_t ldy,
                             const int32_t* __restrict__ pos, int cols, int head_dim, int rope_dim, float base,
                             bool neox) {
-    const int r = blockIdx.y;
-    const int half = rope_dim / 2, pairs_per_head = head_dim / 2;
+    const int r = blockIdx.y, pairs_per_head = head_dim / 2;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= cols / 2) return;
     const int h = t / pairs_per_head, i = t % pairs_per_head;
-    const float* xh = x + int64_t(r) * ldx + int64_t(h) * head_dim;
-    float* yh = y + int64_t(r) * ldy + int64_t(h) * head_dim;
-    if (i >= half) {  // dims past rope_dim pass through, two per thread
-        const int j = rope_dim + 2 * (i - half);
-        yh[j] = xh[j];
-        yh[j + 1] = xh[j + 1];
-        return;
-    }
-    const double theta = double(pos[r]) * pow(double(base), -2.0 * i / rope_dim);
-    double sn, cs;
-    sincos(theta, &sn, &cs);
-    rotate_pair(xh, yh, i, half, neox, cs, sn);
+    double cs = 1.0, sn = 0.0;
+    if (i < rope_dim / 2) rope_angle(pos[r], i, rope_dim, base, &cs, &sn);
+    rope_pair(x + int64_t(r) * ldx + int64_t(h) * head_dim, y + int64_t(r) * ldy + int64_t(h) * head_dim, i, rope_dim,
+              neox, cs, sn);
 }
 
 // Columns [c0, c0 + n) of a k or v row into the cache at position p (src holds
@@ -160,11 +167,10 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict_
                                      uint8_t* V, uint32_t* err) {
     extern __shared__ float kr[];  // the rotated k head
     const int r = blockIdx.y, hb = blockIdx.x, n_q = sh.q_cols / sh.head_dim, i = threadIdx.x;
-    const int half = sh.rope_dim / 2, pairs = sh.head_dim / 2;
     const int p = pos[r];
     const bool ok = p >= 0 && p < sh.n_ctx;
     double cs = 1.0, sn = 0.0;
-    if (ok && i < half) sincos(double(p) * pow(double(sh.base), -2.0 * i / sh.rope_dim), &sn, &cs);
+    if (ok && i < sh.rope_dim / 2) rope_angle(p, i, sh.rope_dim, sh.base, &cs, &sn);
     pdl_start();
     if (!ok) {  // uniform over the block: nothing stored, no barrier reached
         if (hb == 0 && i == 0) atomicOr(err, kBadPosition);
@@ -174,15 +180,7 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict_
     const int h = is_q ? hb : hb - n_q;
     const float* xh = (is_q ? q + int64_t(r) * ldq : k + int64_t(r) * ldk) + h * sh.head_dim;
     float* oh = is_q ? y + int64_t(r) * ldy + h * sh.head_dim : kr;
-    if (i < pairs) {
-        if (i >= half) {  // dims past rope_dim pass through, two per thread
-            const int j = sh.rope_dim + 2 * (i - half);
-            oh[j] = xh[j];
-            oh[j + 1] = xh[j + 1];
-        } else {
-            rotate_pair(xh, oh, i, half, sh.neox, cs, sn);
-        }
-    }
+    if (i < sh.head_dim / 2) rope_pair(xh, oh, i, sh.rope_dim, sh.neox, cs, sn);
     if (is_q) return;
     __syncthreads();
     store_row(sh.kv_type, kr, K, p, sh.kv_dim, h * sh.head_dim, sh.head_dim);
