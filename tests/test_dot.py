@@ -3,9 +3,10 @@
 1. Every SIMD kernel equals its scalar reference.  The integer work is exact in
    both, so where a SIMD kernel does the float part per 256-value super-block in
    the reference's order (Q2_K, Q3_K, Q5_K; every NEON K-quant) the results are
-   bit-identical.  The 32-value types, the float types, and x86's Q4_K and Q6_K
-   (8 float lanes across super-blocks, one horizontal sum per row) keep vector
-   partial sums, and the allowed difference is the float rounding:
+   bit-identical.  The 32-value types, the float types, x86's Q6_K (8 float
+   lanes across super-blocks, one horizontal sum per row) and x86's Q4_K (fused
+   multiply-adds of each super-block's two integer sums) round differently, and
+   the allowed difference is the float rounding:
        |simd - ref| <= 2 * (n_terms + 4) * u * S,   u = 2^-24,
    where S = sum of |term| over the products (a standard bound for two
    different orders of summing n_terms terms, each with a few roundings); for
@@ -13,6 +14,7 @@
 2. The rows kernels (the GEMM's unit: one weight row x 1 or 4 tokens, with the
    activation scales pre-converted) equal the same ISA's single-token kernel
    bit for bit: per token they do the same operations.
+   The four-row tile kernels (x86 without VNNI: Q4_K) equal them too, row by row.
 3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
@@ -142,3 +144,19 @@ def test_unavailable_isa_is_an_error():
         pytest.skip("every ISA is available on this machine")
     with pytest.raises(minfer.MinferError, match="not (supported by this CPU|compiled into this build)"):
         vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])
+
+
+@pytest.mark.parametrize("t", [T.Q4_K], ids=lambda t: t.name)
+def test_tile4_matches_dot(t, rng):
+    """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 4
+    and 8 tokens: the GEMM may cut rows into tiles or not without changing a logit."""
+    require_isa("avx2")
+    assert native.has_dot_tile4(t, "avx2"), f"{t.name} lost its avx2 tile kernel"
+    for n in lengths_for(t):
+        for trial in range(6):
+            w = np.stack([random_weight_row(rng, t, n) for _ in range(4)])
+            x = (rng.standard_normal((8, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(8)])
+            want = np.array([[vec_dot(t, w[r], a[k], "avx2") for r in range(4)] for k in range(8)], np.float32)
+            assert np.array_equal(native.vec_dot_tile4(t, w, a, "avx2"), want), f"{t.name} n={n}: 8 tokens"
+            assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], "avx2"), want[4:]), f"{t.name} n={n}: 4 tokens"

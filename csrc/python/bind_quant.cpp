@@ -98,6 +98,27 @@ void bind_quant(py::module_& m) {
         k.rows[type](n, wb.p, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("vec_dot_tile4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        // w: 4 weight rows, contiguous; a: 4 or 8 activation rows; out[token][row]
+        Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
+        int64_t n4 = values_in(type, wb.n, "vec_dot_tile4 weights"), n = n4 / 4;
+        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_tile4 activations");
+        if (n4 % 4 || n % type_traits(type).block_size || (na != 4 * n && na != 8 * n))
+            throw MinferError(strfmt("vec_dot_tile4: weights hold %lld values (4 rows), activations %lld (want 4 or 8 rows)", (long long)n4, (long long)na));
+        const int n_tok = int(na / n);
+        const DotKernels& k = dot_kernels(isa_from(isa));
+        if (!k.tile4[type]) throw MinferError(strfmt("vec_dot_tile4: no %s tile kernel for %s", isa_name(k.isa), type_traits(type).name));
+        const uint32_t at = vec_dot_type(type);
+        const size_t rb = ab.n / size_t(n_tok);
+        const int64_t n_sc = act_scale_count(at, n);
+        std::vector<float> sc(size_t(n_sc * n_tok) + 1);
+        for (int t = 0; t < n_tok; t++) act_scales(at, ab.p + size_t(t) * rb, n, sc.data() + t * n_sc);
+        py::array_t<float> out({py::ssize_t(n_tok), py::ssize_t(4)});
+        k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.mutable_data());
+        return out;
+    }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("has_dot_tile4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile4[type] != nullptr; },
+          py::arg("type"), py::arg("isa") = py::none());
     m.def("has_dot_rows", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).rows[type] != nullptr; },
           py::arg("type"), py::arg("isa") = py::none());
     m.def("default_isa", [] { return isa_name(default_isa()); });

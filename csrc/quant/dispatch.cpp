@@ -35,6 +35,7 @@ DotKernels make_dot_table(Isa isa, const DotFns& f) {
     t.isa = isa;
     for (auto& fn : t.dot) fn = nullptr;
     for (auto& fn : t.rows) fn = nullptr;
+    for (auto& fn : t.tile4) fn = nullptr;
     t.dot[GGML_TYPE_F32] = f.f32;
     t.dot[GGML_TYPE_F16] = f.f16;
     t.dot[GGML_TYPE_BF16] = f.bf16;

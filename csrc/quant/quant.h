@@ -48,6 +48,13 @@ typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 // `scales_stride` floats apart.  Bit-identical to the same ISA's vec_dot_fn.
 typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t stride, const float* scales,
                                 size_t scales_stride, int n_tok, float* out);
+// The prefill GEMM's wider unit, where an ISA has one: four weight rows
+// (`w_stride` bytes apart) against n_tok (4 or 8) activation rows, into
+// out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
+// and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
+// tiling picks never changes a result.
+typedef void (*vec_dot_tile4_fn)(int64_t n, const void* w, size_t w_stride, const void* a, size_t stride,
+                                 const float* scales, size_t scales_stride, int n_tok, float* out);
 // Floats act_scales writes per activation row of n values (0 where the format needs none).
 int64_t act_scale_count(uint32_t act_type, int64_t n);
 // Q8_0: d per block; Q8_1: d, s per block (f16 -> f32, exact).
@@ -60,6 +67,7 @@ struct DotKernels {
     Isa isa;
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
+    vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)
 };
 
 // One ISA's kernels, in the order of the table below (weights x activations).

@@ -93,15 +93,24 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
         const vec_dot_rows_fn rows = kernels.rows[job.type];
+        const vec_dot_tile4_fn tile4 = kernels.tile4[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
-        // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel
+        // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
+        // four weight rows at a time where it has the tile kernel (the same bits either way)
         for (int step : {8, 4, 1})
             for (; rows && t + step <= t1; t += step) {
                 const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
                 const float* sp = a.sc.data() + t * a.n_sc;
                 float* yt = job.y + t * job.y_ld;
-                for (int64_t r = r0; r < r1; r++) {
+                int64_t r = r0;
+                for (; tile4 && step > 1 && r + 4 <= r1; r += 4) {
+                    float o[32];
+                    tile4(cols, wb + size_t(r) * w_row, w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
+                    for (int k = 0; k < step; k++)
+                        for (int q = 0; q < 4; q++) yt[k * job.y_ld + r + q] = o[4 * k + q];
+                }
+                for (; r < r1; r++) {
                     float o[8];
                     rows(cols, wb + size_t(r) * w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
                     for (int k = 0; k < step; k++) yt[k * job.y_ld + r] = o[k];
