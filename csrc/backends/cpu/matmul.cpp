@@ -1,5 +1,7 @@
 #include "backends/cpu/matmul.h"
 
+#include <cstdlib>
+#include <cstring>
 #include <vector>
 
 #include "common/error.h"
@@ -24,8 +26,20 @@ void check_shapes(uint32_t type, int64_t rows, int64_t cols, int64_t n_tok, cons
 
 }  // namespace
 
+// MINFER_CPU_TILE=0 leaves the four-row tile kernels out (an A/B lever: the
+// results are the same bits either way).  Prefill only: with one token the
+// tile reads four rows at once and measured slower (Q4_K, 1536-wide rows from
+// DRAM, 2 threads: 16.9 -> 9.6 GB/s), so decode keeps the rows kernels.
+static bool tiles_from_env() {
+    const char* v = std::getenv("MINFER_CPU_TILE");
+    if (!v || !std::strcmp(v, "1")) return true;
+    if (!std::strcmp(v, "0")) return false;
+    throw MinferError(strfmt("MINFER_CPU_TILE must be 0 or 1, got '%s'", v));
+}
+
 void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, int64_t x_ld, int64_t n_tok,
                  ThreadPool& pool, const DotKernels& kernels) {
+    static const bool tiles = tiles_from_env();
     for (int j = 0; j < n_jobs; j++) check_shapes(jobs[j].type, jobs[j].rows, cols, n_tok, &kernels);
     if (n_tok == 0 || n_jobs == 0) return;
 
@@ -93,7 +107,7 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
         const vec_dot_rows_fn rows = kernels.rows[job.type];
-        const vec_dot_tile4_fn tile4 = kernels.tile4[job.type];
+        const vec_dot_tile4_fn tile4 = tiles ? kernels.tile4[job.type] : nullptr;
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
         // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
