@@ -148,8 +148,9 @@ def test_unavailable_isa_is_an_error():
 
 @pytest.mark.parametrize("t", [T.Q4_K], ids=lambda t: t.name)
 def test_tile4_matches_dot(t, rng):
-    """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 4
-    and 8 tokens: the GEMM may cut rows into tiles or not without changing a logit."""
+    """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 1
+    (decode's four-row kernel), 4 and 8 tokens: the GEMM may cut rows into tiles or not without changing a
+    logit."""
     require_isa("avx2")
     assert native.has_dot_tile4(t, "avx2"), f"{t.name} lost its avx2 tile kernel"
     for n in lengths_for(t):
@@ -160,3 +161,4 @@ def test_tile4_matches_dot(t, rng):
             want = np.array([[vec_dot(t, w[r], a[k], "avx2") for r in range(4)] for k in range(8)], np.float32)
             assert np.array_equal(native.vec_dot_tile4(t, w, a, "avx2"), want), f"{t.name} n={n}: 8 tokens"
             assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], "avx2"), want[4:]), f"{t.name} n={n}: 4 tokens"
+            assert np.array_equal(native.vec_dot_tile4(t, w, a[2], "avx2"), want[2:3]), f"{t.name} n={n}: 1 token"

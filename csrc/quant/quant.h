@@ -48,8 +48,8 @@ typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 // `scales_stride` floats apart.  Bit-identical to the same ISA's vec_dot_fn.
 typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t stride, const float* scales,
                                 size_t scales_stride, int n_tok, float* out);
-// The prefill GEMM's wider unit, where an ISA has one: four weight rows
-// (`w_stride` bytes apart) against n_tok (4 or 8) activation rows, into
+// The GEMM's wider unit, where an ISA has one: four weight rows
+// (`w_stride` bytes apart) against n_tok (1, 4 or 8) activation rows, into
 // out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
 // and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
 // tiling picks never changes a result.

@@ -27,9 +27,7 @@ void check_shapes(uint32_t type, int64_t rows, int64_t cols, int64_t n_tok, cons
 }  // namespace
 
 // MINFER_CPU_TILE=0 leaves the four-row tile kernels out (an A/B lever: the
-// results are the same bits either way).  Prefill only: with one token the
-// tile reads four rows at once and measured slower (Q4_K, 1536-wide rows from
-// DRAM, 2 threads: 16.9 -> 9.6 GB/s), so decode keeps the rows kernels.
+// results are the same bits either way).
 static bool tiles_from_env() {
     const char* v = std::getenv("MINFER_CPU_TILE");
     if (!v || !std::strcmp(v, "1")) return true;
@@ -111,14 +109,14 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
         // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
-        // four weight rows at a time where it has the tile kernel (the same bits either way)
+        // four weight rows at a time where it has a tile kernel (the same bits either way)
         for (int step : {8, 4, 1})
             for (; rows && t + step <= t1; t += step) {
                 const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
                 const float* sp = a.sc.data() + t * a.n_sc;
                 float* yt = job.y + t * job.y_ld;
                 int64_t r = r0;
-                for (; tile4 && step > 1 && r + 4 <= r1; r += 4) {
+                for (; tile4 && r + 4 <= r1; r += 4) {
                     float o[32];
                     tile4(cols, wb + size_t(r) * w_row, w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
                     for (int k = 0; k < step; k++)
