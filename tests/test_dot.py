@@ -14,7 +14,7 @@
 2. The rows kernels (the GEMM's unit: one weight row x 1 or 4 tokens, with the
    activation scales pre-converted) equal the same ISA's single-token kernel
    bit for bit: per token they do the same operations.
-   The four-row tile kernels (x86 without VNNI: Q4_K) equal them too, row by row.
+   The four-row tile kernels (x86 without VNNI: Q4_K, Q5_0) equal them too, row by row.
 3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
@@ -146,7 +146,7 @@ def test_unavailable_isa_is_an_error():
         vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])
 
 
-@pytest.mark.parametrize("t", [T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0], ids=lambda t: t.name)
 def test_tile4_matches_dot(t, rng):
     """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 1
     (decode's four-row kernel), 4 and 8 tokens: the GEMM may cut rows into tiles or not without changing a
