@@ -37,6 +37,16 @@ using F32Array = py::array_t<float, py::array::c_style | py::array::forcecast>;
 
 }  // namespace
 
+// The rows/tile kernels' scale side array for n_tok activation rows `rb` bytes
+// apart (what the GEMM builds once per matrix); *n_sc floats per row.
+static std::vector<float> act_scale_rows(uint32_t at, const uint8_t* a, size_t rb, int64_t n, int n_tok,
+                                         int64_t* n_sc) {
+    *n_sc = act_scale_count(at, n);
+    std::vector<float> sc(size_t(*n_sc * n_tok) + 1);
+    for (int t = 0; t < n_tok; t++) act_scales(at, a + size_t(t) * rb, n, sc.data() + t * *n_sc);
+    return sc;
+}
+
 void bind_quant(py::module_& m) {
     m.def("type_info", [](uint32_t type) {
         const TypeTraits& t = type_traits(type);
@@ -89,12 +99,10 @@ void bind_quant(py::module_& m) {
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!k.rows[type]) throw MinferError(strfmt("vec_dot_rows: no %s rows kernel for %s", isa_name(k.isa), type_traits(type).name));
-        const uint32_t at = vec_dot_type(type);
         const size_t rb = ab.n / size_t(n_tok);
-        const int64_t n_sc = act_scale_count(at, n);
-        std::vector<float> sc(size_t(n_sc * n_tok) + 1);
+        int64_t n_sc;
+        const std::vector<float> sc = act_scale_rows(vec_dot_type(type), ab.p, rb, n, n_tok, &n_sc);
         std::vector<float> out(static_cast<size_t>(n_tok));
-        for (int t = 0; t < n_tok; t++) act_scales(at, ab.p + size_t(t) * rb, n, sc.data() + t * n_sc);
         k.rows[type](n, wb.p, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
@@ -108,11 +116,9 @@ void bind_quant(py::module_& m) {
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!k.tile4[type]) throw MinferError(strfmt("vec_dot_tile4: no %s tile kernel for %s", isa_name(k.isa), type_traits(type).name));
-        const uint32_t at = vec_dot_type(type);
         const size_t rb = ab.n / size_t(n_tok);
-        const int64_t n_sc = act_scale_count(at, n);
-        std::vector<float> sc(size_t(n_sc * n_tok) + 1);
-        for (int t = 0; t < n_tok; t++) act_scales(at, ab.p + size_t(t) * rb, n, sc.data() + t * n_sc);
+        int64_t n_sc;
+        const std::vector<float> sc = act_scale_rows(vec_dot_type(type), ab.p, rb, n, n_tok, &n_sc);
         py::array_t<float> out({py::ssize_t(n_tok), py::ssize_t(4)});
         k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.mutable_data());
         return out;
