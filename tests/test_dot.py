@@ -146,7 +146,7 @@ def test_unavailable_isa_is_an_error():
         vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K], ids=lambda t: t.name)
 def test_tile4_matches_dot(t, rng):
     """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 1
     (decode's four-row kernel), 4 and 8 tokens: the GEMM may cut rows into tiles or not without changing a
