@@ -120,7 +120,7 @@ void bind_quant(py::module_& m) {
         int64_t n_sc;
         const std::vector<float> sc = act_scale_rows(vec_dot_type(type), ab.p, rb, n, n_tok, &n_sc);
         py::array_t<float> out({py::ssize_t(n_tok), py::ssize_t(4)});
-        k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.mutable_data());
+        k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, true, out.mutable_data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
     m.def("has_dot_tile4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile4[type] != nullptr; },

@@ -52,9 +52,12 @@ typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t 
 // (`w_stride` bytes apart) against n_tok (1, 4 or 8) activation rows, into
 // out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
 // and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
-// tiling picks never changes a result.
+// tiling picks never changes a result.  `stream`: the caller reads these
+// rows once and the next four rows next (decode, a short prompt): the kernel
+// prefetches them (the hardware prefetcher misses four short streams side by
+// side).  Where the rows are re-read from cache that only costs.
 typedef void (*vec_dot_tile4_fn)(int64_t n, const void* w, size_t w_stride, const void* a, size_t stride,
-                                 const float* scales, size_t scales_stride, int n_tok, float* out);
+                                 const float* scales, size_t scales_stride, int n_tok, bool stream, float* out);
 // Floats act_scales writes per activation row of n values (0 where the format needs none).
 int64_t act_scale_count(uint32_t act_type, int64_t n);
 // Q8_0: d per block; Q8_1: d, s per block (f16 -> f32, exact).
