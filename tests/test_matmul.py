@@ -61,14 +61,16 @@ def test_threads_agree_exactly(rng):
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q8_0, T.Q4_K, T.Q6_K], ids=lambda t: t.name)
 def test_batch_does_not_change_a_token(isa, t, rng):
     """A token's outputs are the same bits whether it is multiplied alone (decode's kernel) or inside a batch
-    of 27 (the GEMM: tiles of 16 tokens run as 8 + 4 + 1-token steps, four weight rows at a time where the
-    ISA has a tile kernel, the rest row by row; 18 rows leave a partial tile)."""
+    of 27 or 91 (the GEMM: tiles of 64 tokens run as 8 + 4 + 1-token steps, four weight rows at a time where
+    the ISA has a tile kernel, the rest row by row; 18 rows leave a partial tile; 91 = a full token tile and
+    a partial one)."""
     require_isa(isa)
     w = random_matrix(rng, t, 18, 1536)
-    x = rng.standard_normal((27, 1536)).astype(np.float32)
+    x = rng.standard_normal((91, 1536)).astype(np.float32)
     pool = ThreadPool(2)
+    alone = np.concatenate([matmul(w, t, x[k:k + 1], pool=pool, isa=isa) for k in range(91)])
+    assert np.array_equal(matmul(w, t, x[:27], pool=pool, isa=isa), alone[:27]), "27 tokens"
     batch = matmul(w, t, x, pool=pool, isa=isa)
-    alone = np.concatenate([matmul(w, t, x[k:k + 1], pool=pool, isa=isa) for k in range(27)])
     assert np.array_equal(batch, alone), np.argwhere(batch != alone)[:4]
 
 

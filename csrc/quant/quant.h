@@ -52,10 +52,10 @@ typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t 
 // (`w_stride` bytes apart) against n_tok (1, 4 or 8) activation rows, into
 // out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
 // and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
-// tiling picks never changes a result.  `stream`: the caller reads these
-// rows once and the next four rows next (decode, a short prompt): the kernel
-// prefetches them (the hardware prefetcher misses four short streams side by
-// side).  Where the rows are re-read from cache that only costs.
+// tiling picks never changes a result.  `stream`: this is the caller's first
+// pass over these rows (they come from memory) and the next four rows follow:
+// the kernel prefetches them (the hardware prefetcher misses four short streams
+// side by side); on later passes the rows sit in cache and it does not.
 typedef void (*vec_dot_tile4_fn)(int64_t n, const void* w, size_t w_stride, const void* a, size_t stride,
                                  const float* scales, size_t scales_stride, int n_tok, bool stream, float* out);
 // Floats act_scales writes per activation row of n values (0 where the format needs none).
