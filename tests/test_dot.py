@@ -14,7 +14,8 @@
 2. The rows kernels (the GEMM's unit: one weight row x 1 or 4 tokens, with the
    activation scales pre-converted) equal the same ISA's single-token kernel
    bit for bit: per token they do the same operations.
-   The four-row tile kernels (x86 without VNNI: Q4_K, Q5_0) equal them too, row by row.
+   The four-row tile kernels (x86 without VNNI: Q4_K, Q5_0; Q6_K's four-row decode kernel) equal them
+   too, row by row.
 3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
