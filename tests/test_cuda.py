@@ -71,6 +71,10 @@ Q8_DECODE = {"q4_0", "q5_0", "q8_0", "q4_k", "q6_k"}  # types with the 8-bit-act
 def test_matmul_against_float64(rng, wtype, n, k, rows, path):
     if (path == "gemm") != (rows > 4) or (path == "q8" and wtype not in Q8_DECODE):
         pytest.skip(f"no {path} path for {rows} rows of {wtype}")
+    check_against_float64(rng, wtype, n, k, rows, path)
+
+
+def check_against_float64(rng, wtype, n, k, rows, path):
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((rows, k)).astype(np.float32)
     y, _ = M.cuda_matmul(t, w, x, n, path=path)
@@ -87,6 +91,32 @@ def test_matmul_against_float64(rng, wtype, n, k, rows, path):
     err = np.abs(y - ref)
     assert np.all(np.isfinite(y))
     assert np.all(err <= bound + 1e-30), f"max err {err.max():.3g}, worst ratio {(err / (bound + 1e-30)).max():.3g}"
+
+
+@pytest.mark.parametrize("kernel", ["block", "warp"])
+@pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q5_0", 101, 896),
+                                       ("q8_0", 1000, 4864), ("q4_0", 8, 3584)])
+def test_one_row_matvec_kernels(rng, monkeypatch, kernel, wtype, n, k):
+    """Both kernels for one activation row (8 rows a block with K split over its warps, and a warp
+    per row), forced by the lever whatever the row length, on row counts that leave a block part
+    empty and rows shorter than the block's 32 lanes slots."""
+    monkeypatch.setenv("MINFER_CUDA_MV", kernel)
+    check_against_float64(rng, wtype, n, k, 1, "q8")
+
+
+def test_one_row_matvec_lever(rng, monkeypatch):
+    """A number is the shortest row the block kernel takes; a bad value is an error."""
+    t, w = random_weight("q4_k", 64, 2048, rng)
+    x = rng.standard_normal((1, 2048)).astype(np.float32)
+    res = {}
+    for v in ("block", "warp", "2048", "2049"):
+        monkeypatch.setenv("MINFER_CUDA_MV", v)
+        res[v] = M.cuda_matmul(t, w, x, 64, path="q8")[0]
+    assert not np.array_equal(res["block"], res["warp"])  # the sums are ordered differently
+    assert np.array_equal(res["2048"], res["block"]) and np.array_equal(res["2049"], res["warp"])
+    monkeypatch.setenv("MINFER_CUDA_MV", "many")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV must be"):
+        M.cuda_matmul(t, w, x, 64, path="q8")
 
 
 def test_decode_path_lever(rng, monkeypatch):
@@ -170,10 +200,14 @@ def test_matmul_node_with_bias(q15, rng):
         close(gpu, ref, 2e-2)
 
 
-@pytest.mark.parametrize("n", [3, 20], ids=["decode", "prefill"])
-def test_fused_qkv_and_ffn_match_unfused(q15, rng, n):
+@pytest.mark.parametrize("n,kernel", [(1, "block"), (1, "warp"), (3, ""), (20, "")],
+                         ids=["decode-block", "decode-warp", "decode3", "prefill"])
+def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
     """One launch for q, k, v (types Q4_K/Q4_K/Q6_K here) and one for gate+up+SwiGLU,
-    against the reference's separate nodes (bound as test_matmul_node_with_bias)."""
+    against the reference's separate nodes (bound as test_matmul_node_with_bias).  One row
+    takes either one-row kernel (the block one: 4 gate and 4 up rows a block with SwiGLU)."""
+    if kernel:
+        monkeypatch.setenv("MINFER_CUDA_MV", kernel)
     m, s = q15
     x = rng.standard_normal((n, 1536)).astype(np.float32)
     L = "blk.4."

@@ -211,6 +211,78 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
     if (lane == 0) store_warp_row(a, row, acc, acc2);
 }
 
+// Decode's usual case, one activation row, laid out so that x is shared: a block computes 8 weight rows (with
+// swiglu: 4 gate rows and the same outputs' 4 up rows) and its 8 warps split K between them.  In a warp, four
+// lanes take four consecutive chunks of one row (a Q4_K/Q6_K super-block, four Q8_0 blocks), the warp's 8
+// rows side by side, so a warp's x load is 4 distinct chunks broadcast to 8 rows; one warp per row made every
+// lane load its own 64 bytes of x, and those L1 wavefronts, not DRAM, capped it (CUDA_NOTES run 40: Q4_K
+// 3584 x 18944 at 2.24 TB/s, this layout 2.56; the shape's plain streaming read 3.15).  Same 40 registers.
+constexpr int kBlockRows = 8, kLanesPerRow = 4;
+
+template <int T>
+__device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
+    float acc = 0.0f;
+    for (const int chunks = int(x.K / chunk_values<T>()); c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+    return acc;
+}
+
+__device__ __forceinline__ float lane_chunks_any(uint32_t type, const uint8_t* row, const XQ& x, int c, int step) {
+    switch (type) {
+        case GGML_TYPE_Q4_0: return lane_chunks<GGML_TYPE_Q4_0>(row, x, c, step);
+        case GGML_TYPE_Q5_0: return lane_chunks<GGML_TYPE_Q5_0>(row, x, c, step);
+        case GGML_TYPE_Q8_0: return lane_chunks<GGML_TYPE_Q8_0>(row, x, c, step);
+        case GGML_TYPE_Q4_K: return lane_chunks<GGML_TYPE_Q4_K>(row, x, c, step);
+        case GGML_TYPE_Q6_K: return lane_chunks<GGML_TYPE_Q6_K>(row, x, c, step);
+        default: return 0.0f;
+    }
+}
+
+__global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q8_block_kernel(MatvecArgs a, XQ x) {
+    pdl_start();
+    __shared__ float sums[kMatvecWarps][kBlockRows];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
+    const WarpRow row = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + r % (kBlockRows / 2))
+                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + r);
+    float acc = 0.0f;
+    if (row.live) {
+        const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
+        acc = lane_chunks_any(A.type, A.W + row.o * A.rb, x, k + kLanesPerRow * warp, kLanesPerRow * kMatvecWarps);
+    }
+#pragma unroll
+    for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (k == 0) sums[warp][r] = acc;
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
+    const WarpRow out = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + t)
+                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + t);
+    if (!out.live) return;
+    float s = 0.0f, s2 = 0.0f;  // the row's sum over the warps (with swiglu s2: its up row's)
+#pragma unroll
+    for (int w = 0; w < kMatvecWarps; w++) {
+        s += sums[w][t];
+        if (a.swiglu) s2 += sums[w][t + kBlockRows / 2];
+    }
+    store_warp_row(a, out, &s, &s2);
+}
+
+// Which kernel takes one activation row: the block kernel where rows are long enough (K >= 1024), the
+// warp-per-row one on shorter rows, where the block's idle lane slots and block-wide reduction cost more than
+// the shared x saves (CUDA_NOTES run 41: the 0.5B layout's K = 896 rows).  MINFER_CUDA_MV=warp|block|<min K>
+// overrides the rule (A/B lever; read per call on the host, a captured graph keeps its choice).
+bool block_kernel_for(const MatvecArgs& a) {
+    int64_t min_k = 1024;
+    if (const char* v = std::getenv("MINFER_CUDA_MV"); v && *v) {
+        char* end = nullptr;
+        const long long n = std::strtoll(v, &end, 10);
+        if (!std::strcmp(v, "warp")) min_k = INT64_MAX;
+        else if (!std::strcmp(v, "block")) min_k = 0;
+        else if (end != v && !*end && n >= 0) min_k = n;
+        else throw MinferError(strfmt("MINFER_CUDA_MV must be 'warp', 'block' or a row length, not '%s'", v));
+    }
+    return a.n_rows == 1 && a.K >= min_k;
+}
+
 }  // namespace
 
 bool matvec_q8_supported(uint32_t type, int64_t K) {
@@ -244,9 +316,15 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     if (!quantized)
         launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
                a.x, a.ldx, a.K, x.q, x.ds);
-    launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
-           dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a,
-           XQ{x.q, x.ds, a.K});
+    const XQ xq{x.q, x.ds, a.K};
+    if (block_kernel_for(a)) {
+        const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
+        launch("matvec_q8", matvec_q8_block_kernel, dim3(unsigned((rows + per_block - 1) / per_block)),
+               dim3(32 * kMatvecWarps), 0, s, a, xq);
+    } else {
+        launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
+               dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a, xq);
+    }
 }
 
 }  // namespace minfer::cuda
