@@ -217,27 +217,39 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // rows side by side, so a warp's x load is 4 distinct chunks broadcast to 8 rows; one warp per row made every
 // lane load its own 64 bytes of x, and those L1 wavefronts, not DRAM, capped it (CUDA_NOTES run 40: Q4_K
 // 3584 x 18944 at 2.24 TB/s, this layout 2.56; the shape's plain streaming read 3.15).  Same 40 registers.
-constexpr int kBlockRows = 8, kLanesPerRow = 4;
+// The kernel is built per weight type (T; kAnyType switches per row, for launches whose parts differ in type):
+// the switching build ran Q6_K at 1.46 TB/s, its own build at 1.89 (run 42).  U = 2 unrolls a lane's loop
+// by two (two chunks' loads in flight, 64 registers, four blocks per SM): for long rows only, where a lane
+// walks >= 4 chunks (Q4_K 3584 x 18944: 2.09 -> 2.37 TB/s; 3584-long rows lose 5-15 %).  U = 1 keeps Q6_K's
+// loop rolled (unrolled by the compiler it spills at 40 registers); U = 0 leaves the compiler's choice.
+constexpr int kBlockRows = 8, kLanesPerRow = 4, kAnyType = -1;
 
-template <int T>
+template <int T, int U>
 __device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
     float acc = 0.0f;
-    for (const int chunks = int(x.K / chunk_values<T>()); c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+    const int chunks = int(x.K / chunk_values<T>());
+    if constexpr (U == 0) {  // the compiler's choice
+        for (; c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+    } else {
+#pragma unroll U
+        for (; c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+    }
     return acc;
 }
 
 __device__ __forceinline__ float lane_chunks_any(uint32_t type, const uint8_t* row, const XQ& x, int c, int step) {
     switch (type) {
-        case GGML_TYPE_Q4_0: return lane_chunks<GGML_TYPE_Q4_0>(row, x, c, step);
-        case GGML_TYPE_Q5_0: return lane_chunks<GGML_TYPE_Q5_0>(row, x, c, step);
-        case GGML_TYPE_Q8_0: return lane_chunks<GGML_TYPE_Q8_0>(row, x, c, step);
-        case GGML_TYPE_Q4_K: return lane_chunks<GGML_TYPE_Q4_K>(row, x, c, step);
-        case GGML_TYPE_Q6_K: return lane_chunks<GGML_TYPE_Q6_K>(row, x, c, step);
+        case GGML_TYPE_Q4_0: return lane_chunks<GGML_TYPE_Q4_0, 0>(row, x, c, step);
+        case GGML_TYPE_Q5_0: return lane_chunks<GGML_TYPE_Q5_0, 0>(row, x, c, step);
+        case GGML_TYPE_Q8_0: return lane_chunks<GGML_TYPE_Q8_0, 0>(row, x, c, step);
+        case GGML_TYPE_Q4_K: return lane_chunks<GGML_TYPE_Q4_K, 0>(row, x, c, step);
+        case GGML_TYPE_Q6_K: return lane_chunks<GGML_TYPE_Q6_K, 1>(row, x, c, step);
         default: return 0.0f;
     }
 }
 
-__global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q8_block_kernel(MatvecArgs a, XQ x) {
+template <int T, int U>
+__global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x) {
     pdl_start();
     __shared__ float sums[kMatvecWarps][kBlockRows];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
@@ -246,13 +258,16 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q8_block_kernel(M
     float acc = 0.0f;
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
-        acc = lane_chunks_any(A.type, A.W + row.o * A.rb, x, k + kLanesPerRow * warp, kLanesPerRow * kMatvecWarps);
+        const uint8_t* w = A.W + row.o * A.rb;
+        const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
+        if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
+        else acc = lane_chunks<T, U>(w, x, c, step);
     }
 #pragma unroll
     for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (k == 0) sums[warp][r] = acc;
+    const int t = threadIdx.x;  // (lane, warp, r re-derived from it: fewer registers live across the loop)
+    if (t % kLanesPerRow == 0) sums[t >> 5][(t & 31) / kLanesPerRow] = acc;
     __syncthreads();
-    const int t = threadIdx.x;
     if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
     const WarpRow out = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + t)
                                  : warp_row(a, int64_t(blockIdx.x) * kBlockRows + t);
@@ -270,6 +285,23 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q8_block_kernel(M
 // warp-per-row one on shorter rows, where the block's idle lane slots and block-wide reduction cost more than
 // the shared x saves (CUDA_NOTES run 41: the 0.5B layout's K = 896 rows).  MINFER_CUDA_MV=warp|block|<min K>
 // overrides the rule (A/B lever; read per call on the host, a captured graph keeps its choice).
+using MatvecKernel = void (*)(MatvecArgs, XQ);
+
+MatvecKernel block_kernel_build(const MatvecArgs& a) {
+    const uint32_t t = a.part[0].type;
+    for (int p = 1; p < (a.swiglu ? 2 : a.n_parts); p++)
+        if (a.part[p].type != t) return matvec_q8_block_kernel<kAnyType, 0>;
+    const bool long_rows = a.K >= 8192;
+    switch (t) {
+        case GGML_TYPE_Q4_0: return matvec_q8_block_kernel<GGML_TYPE_Q4_0, 0>;
+        case GGML_TYPE_Q5_0: return matvec_q8_block_kernel<GGML_TYPE_Q5_0, 0>;
+        case GGML_TYPE_Q8_0: return matvec_q8_block_kernel<GGML_TYPE_Q8_0, 0>;
+        case GGML_TYPE_Q4_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q4_K, 0>;
+        case GGML_TYPE_Q6_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1>;
+        default: return matvec_q8_block_kernel<kAnyType, 0>;
+    }
+}
+
 bool block_kernel_for(const MatvecArgs& a) {
     int64_t min_k = 1024;
     if (const char* v = std::getenv("MINFER_CUDA_MV"); v && *v) {
@@ -319,7 +351,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     const XQ xq{x.q, x.ds, a.K};
     if (block_kernel_for(a)) {
         const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
-        launch("matvec_q8", matvec_q8_block_kernel, dim3(unsigned((rows + per_block - 1) / per_block)),
+        launch("matvec_q8", block_kernel_build(a), dim3(unsigned((rows + per_block - 1) / per_block)),
                dim3(32 * kMatvecWarps), 0, s, a, xq);
     } else {
         launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
