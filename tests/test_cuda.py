@@ -105,7 +105,8 @@ def test_one_row_matvec_kernels(rng, monkeypatch, kernel, wtype, n, k):
 
 
 def test_one_row_matvec_lever(rng, monkeypatch):
-    """A number is the shortest row the block kernel takes; a bad value is an error."""
+    """A number is the shortest row the block kernel takes; unset, Q4_K takes it and Q8_0 does not;
+    a bad value is an error."""
     t, w = random_weight("q4_k", 64, 2048, rng)
     x = rng.standard_normal((1, 2048)).astype(np.float32)
     res = {}
@@ -114,6 +115,12 @@ def test_one_row_matvec_lever(rng, monkeypatch):
         res[v] = M.cuda_matmul(t, w, x, 64, path="q8")[0]
     assert not np.array_equal(res["block"], res["warp"])  # the sums are ordered differently
     assert np.array_equal(res["2048"], res["block"]) and np.array_equal(res["2049"], res["warp"])
+    monkeypatch.delenv("MINFER_CUDA_MV")  # the rule: K-quant rows of K >= 1024 take the block kernel
+    assert np.array_equal(M.cuda_matmul(t, w, x, 64, path="q8")[0], res["block"])
+    t8, w8 = random_weight("q8_0", 64, 2048, rng)
+    auto = M.cuda_matmul(t8, w8, x, 64, path="q8")[0]
+    monkeypatch.setenv("MINFER_CUDA_MV", "warp")
+    assert np.array_equal(auto, M.cuda_matmul(t8, w8, x, 64, path="q8")[0])
     monkeypatch.setenv("MINFER_CUDA_MV", "many")
     with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV must be"):
         M.cuda_matmul(t, w, x, 64, path="q8")

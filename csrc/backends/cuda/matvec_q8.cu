@@ -281,10 +281,6 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     store_warp_row(a, out, &s, &s2);
 }
 
-// Which kernel takes one activation row: the block kernel where rows are long enough (K >= 1024), the
-// warp-per-row one on shorter rows, where the block's idle lane slots and block-wide reduction cost more than
-// the shared x saves (CUDA_NOTES run 41: the 0.5B layout's K = 896 rows).  MINFER_CUDA_MV=warp|block|<min K>
-// overrides the rule (A/B lever; read per call on the host, a captured graph keeps its choice).
 using MatvecKernel = void (*)(MatvecArgs, XQ);
 
 MatvecKernel block_kernel_build(const MatvecArgs& a) {
@@ -302,17 +298,25 @@ MatvecKernel block_kernel_build(const MatvecArgs& a) {
     }
 }
 
+// Which kernel takes one activation row: the block kernel for K-quant rows of K >= 1024, the warp-per-row
+// one otherwise.  Measured on the H200 (CUDA_NOTES runs 41-44): on the 0.5B layout's K = 896 rows the block's
+// idle lane slots and block-wide reduction cost more than the shared x saves, and the 7B Q8_0 layout ran
+// 310 -> 269 tok/s with it (a Q8_0 chunk is 32 values: four lanes cover 136 bytes of a row, loaded as
+// unaligned words).  MINFER_CUDA_MV=warp|block|<min K, any type> overrides the rule (A/B lever; read per call
+// on the host, a captured graph keeps its choice).
 bool block_kernel_for(const MatvecArgs& a) {
-    int64_t min_k = 1024;
+    if (a.n_rows != 1) return false;
     if (const char* v = std::getenv("MINFER_CUDA_MV"); v && *v) {
         char* end = nullptr;
         const long long n = std::strtoll(v, &end, 10);
-        if (!std::strcmp(v, "warp")) min_k = INT64_MAX;
-        else if (!std::strcmp(v, "block")) min_k = 0;
-        else if (end != v && !*end && n >= 0) min_k = n;
-        else throw MinferError(strfmt("MINFER_CUDA_MV must be 'warp', 'block' or a row length, not '%s'", v));
+        if (!std::strcmp(v, "warp")) return false;
+        if (!std::strcmp(v, "block")) return true;
+        if (end != v && !*end && n >= 0) return a.K >= n;
+        throw MinferError(strfmt("MINFER_CUDA_MV must be 'warp', 'block' or a row length, not '%s'", v));
     }
-    return a.n_rows == 1 && a.K >= min_k;
+    for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++)
+        if (a.part[p].type != GGML_TYPE_Q4_K && a.part[p].type != GGML_TYPE_Q6_K) return false;
+    return a.K >= 1024;
 }
 
 }  // namespace
