@@ -3,7 +3,6 @@
     MINFER_SHARED=... python benchmarks/profile_cuda.py [--layout 0.5b] [--depth 512]
     python benchmarks/profile_cuda.py --summarize ncu.csv      # a CSV saved earlier
     python benchmarks/profile_cuda.py --layout 7b --detail matvec_q8 --count 8   # ncu's sections per kernel
-    python benchmarks/profile_cuda.py --layout 7b --replay      # nsys: the replayed graph's critical path
 
 Runs a decode loop under Nsight Compute (`ncu`) with CUDA graphs off (so each
 kernel is its own launch), warm caches and the GPU's own clocks (`--cache-control
@@ -13,9 +12,7 @@ decode step by name.  With --detail REGEX, ncu instead reports its sections
 (speed of light, warp stalls, occupancy, memory) for the first --count kernels
 matching REGEX of one decode step (the profiler is switched on for that step
 only, through the driver's cuProfilerStart).  The sum is an upper bound of the replayed step (a graph
-overlaps launches); the split says which kernels to work on.  With --replay, Nsight Systems traces the
-graphs as they are replayed (each node a kernel) and charges every kernel of the last step the time from
-the previous kernel's end to its own: those charges add up to the step, overlap and launch gaps included.
+overlaps launches); the split says which kernels to work on.
 """
 from __future__ import annotations
 
@@ -73,38 +70,6 @@ def summarize(path: str) -> str:
     return "\n".join(out)
 
 
-def replay_profile(layout: str, depth: int) -> str:
-    with tempfile.TemporaryDirectory() as tmp:
-        rep = Path(tmp) / "trace"
-        subprocess.run(["nsys", "profile", "--trace", "cuda", "--cuda-graph-trace", "node", "-o", str(rep),
-                        sys.executable, __file__, "--workload", "--steps", "8", "--layout", layout, "--depth", str(depth)],
-                       check=True, stdout=subprocess.DEVNULL)
-        out = subprocess.run(["nsys", "stats", "--report", "cuda_gpu_trace", "--format", "csv", "--output", "-",
-                              str(rep) + ".nsys-rep"], check=True, capture_output=True, text=True).stdout
-    rows = [r for r in csv.reader(out.splitlines()) if r]
-    head = next(i for i, r in enumerate(rows) if "Start (ns)" in r)
-    start, dur, name = (rows[head].index(k) for k in ("Start (ns)", "Duration (ns)", "Name"))
-    kern = [(int(r[start]), int(r[start]) + int(r[dur]), r[name]) for r in rows[head + 1:]
-            if len(r) > name and r[dur].isdigit() and "memcpy" not in r[name].lower() and "memset" not in r[name].lower()]
-    kern.sort()
-    first = max(i for i, k in enumerate(kern) if "get_rows" in k[2])  # the last step starts with the gather
-    step = kern[first:]
-    total = collections.defaultdict(lambda: [0.0, 0, 0.0])
-    prev_end = step[0][0]
-    for b, e, n in step:
-        n = n.split("(")[0].replace("(anonymous namespace)::", "").replace("unnamed>::", "")
-        total[n][0] += max(0, e - prev_end) / 1e3
-        total[n][1] += 1
-        total[n][2] += (e - b) / 1e3
-        prev_end = max(prev_end, e)
-    wall = (prev_end - step[0][0]) / 1e3
-    out = [f"one replayed decode step: {len(step)} kernels, {wall:.1f} us from the gather's start to the last end",
-           f"  {'kernel':32s} {'critical':>8s}      {'count':>4s}   {'own duration':>12s}"]
-    for n, (t, c, d) in sorted(total.items(), key=lambda kv: -kv[1][0]):
-        out.append(f"  {n:32s} {t:8.1f} us  {c:4d}   {d:8.1f} us  {100 * t / wall:5.1f} %")
-    return "\n".join(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layout", default="0.5b", choices=sorted(LAYOUTS))
@@ -112,17 +77,13 @@ def main() -> None:
     ap.add_argument("--summarize", default="", help="summarize a saved ncu CSV instead of profiling")
     ap.add_argument("--detail", default="", help="ncu sections for the kernels matching this regex")
     ap.add_argument("--count", type=int, default=4, help="with --detail: how many matching kernels")
-    ap.add_argument("--replay", action="store_true", help="nsys trace of the replayed graph (critical path)")
     ap.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one-step", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--steps", type=int, default=2, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.workload:
-        return workload(a.layout, a.depth, a.steps, a.one_step)
+        return workload(a.layout, a.depth, 2, a.one_step)
     if a.summarize:
         return print(summarize(a.summarize))
-    if a.replay:
-        return print(replay_profile(a.layout, a.depth))
     if a.detail:
         cmd = ["ncu", "--cache-control", "none", "--clock-control", "none", "--profile-from-start", "off",
                "--kernel-name", f"regex:{a.detail}", "--launch-count", str(a.count)]
