@@ -322,10 +322,13 @@ def test_rope_kv_store_matches_unfused(q15, rng, rows, kv_type, neox, head_dim, 
             dict(op="RopeKvStore", inputs=[0, 1, 2, 3], rows=rows, cols=qc, meta=meta)])
 
 
-@pytest.mark.parametrize("rows", [1, 7])
-def test_add_rmsnorm(q15, rng, rows):
+@pytest.mark.parametrize("rows,kernel", [(1, ""), (1, "v1"), (3, ""), (7, "")])
+def test_add_rmsnorm(q15, rng, monkeypatch, rows, kernel):
     """The residual add fused with the next norm: the sum window is exactly a + b, the norm window
-    within RmsNorm's bound of the reference's norm of that sum."""
+    within RmsNorm's bound of the reference's norm of that sum.  Decode rows take the float4 kernel,
+    MINFER_CUDA_NORM=v1 the scalar one (prefill's)."""
+    if kernel:
+        monkeypatch.setenv("MINFER_CUDA_NORM", kernel)
     m, s = q15
     a = (rng.standard_normal((rows, 1536)) * 3).astype(np.float32)
     b = rng.standard_normal((rows, 1536)).astype(np.float32)

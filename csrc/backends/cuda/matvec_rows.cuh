@@ -45,4 +45,22 @@ __device__ __forceinline__ void quantize_lane(float v, int8_t* q, float2* ds) {
     if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * s);
 }
 
+// The same for a warp whose lanes hold four consecutive values each (8 lanes per block of 32): the same amax,
+// d, q and sum, so the same bytes as quantize_lane.  Every lane of the warp calls it (the shuffles are
+// warp-wide); `live` lanes write.
+__device__ __forceinline__ void quantize_lane4(float4 v, bool live, int8_t* q, float2* ds) {
+    float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q0 = int(roundf(v.x * id)), q1 = int(roundf(v.y * id)), q2 = int(roundf(v.z * id)),
+              q3 = int(roundf(v.w * id));
+    float s = float(q0 + q1 + q2 + q3);  // |sum| <= 32 * 127: exact in f32, in any order
+#pragma unroll
+    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (!live) return;
+    *(char4*)q = make_char4(char(q0), char(q1), char(q2), char(q3));
+    if ((threadIdx.x & 7) == 0) *ds = make_float2(d, d * s);
+}
+
 }  // namespace minfer::cuda

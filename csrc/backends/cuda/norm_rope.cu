@@ -75,6 +75,49 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
     }
 }
 
+// Decode's add + RMSNorm (rows <= 4; cols % 32 == 0, at most 4096; rows 16-byte aligned): four values per
+// thread as float4, every load of the row in flight at once (a quarter of add_rmsnorm_kernel's load
+// instructions); block x of a row writes float4s [256 x, 256 x + 256) and sums the whole row's squares
+// itself.  The 8-bit activations come from quantize_lane4 (the same bytes as quantize_lane).
+constexpr int kNormF4 = 4;  // float4s per thread: 4 * 256 * 4 = 4096 values
+
+__global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
+                                                             float* y, int64_t ldy, int cols,
+                                                             const float* __restrict__ w, float eps, Q8Act q8) {
+    const int row = blockIdx.y, n4 = cols / 4, f = blockIdx.x * 256 + threadIdx.x;
+    const bool mine = f < n4;
+    const float4 wv = mine ? ((const float4*)w)[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no kernel's output
+    pdl_start();
+    __shared__ float scratch[32];
+    const float4* ar = (const float4*)(a + int64_t(row) * lda);
+    const float4* br = (const float4*)(b + int64_t(row) * ldb);
+    float4 v[kNormF4];
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kNormF4; j++) {
+        const int i = j * 256 + threadIdx.x;
+        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < n4) {
+            const float4 x = ar[i], z = br[i];
+            v[j] = make_float4(x.x + z.x, x.y + z.y, x.z + z.z, x.w + z.w);
+        }
+        ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+    }
+    ss = block_sum(ss, scratch);
+    const float scale = rsqrtf(ss / float(cols) + eps);
+    float4 sv = v[0];  // this block's float4: iteration blockIdx.x (selected, not indexed: stays in registers)
+#pragma unroll
+    for (int j = 1; j < kNormF4; j++)
+        if (j == int(blockIdx.x)) sv = v[j];
+    const float4 xv = make_float4(sv.x * scale * wv.x, sv.y * scale * wv.y, sv.z * scale * wv.z, sv.w * scale * wv.w);
+    float* yr = y + int64_t(row) * ldy;
+    if (mine) {
+        ((float4*)yr)[f] = sv;
+        ((float4*)(yr + cols))[f] = xv;
+    }
+    if (q8.q) quantize_lane4(xv, mine, q8.q + int64_t(row) * cols + 4 * f, q8.ds + int64_t(row) * (cols / 32) + f / 8);
+}
+
 // The rotation of one pair: the angle in double (at position 30000 a float
 // angle would be off by ~1e-3 rad), the products in double, one rounding.
 // The angle of rotated pair i at position p (in double: positions in the
@@ -203,6 +246,14 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
+    const auto a16 = [](const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; };
+    const char* lever = std::getenv("MINFER_CUDA_NORM");  // "v1": the scalar kernel (A/B lever)
+    if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && a16(a, lda) && a16(b, ldb) && a16(y, ldy) &&
+        a16(w, 0) && !(lever && std::strcmp(lever, "v1") == 0)) {
+        launch("add_rmsnorm", add_rmsnorm_f4_kernel, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
+               0, s, a, lda, b, ldb, y, ldy, cols, w, eps, q8);
+        return;
+    }
     // threads: enough that kAddNormPer values each cover the row
     int threads = std::max(rows <= 4 ? 256 : cols >= 1024 ? 256 : 128, (cols + kAddNormPer - 1) / kAddNormPer);
     threads = (threads + 31) / 32 * 32;
