@@ -152,3 +152,17 @@ def test_trace_and_profile_levers():
     assert r.returncode == 0, r.stderr
     assert "split 0: cpu" in r.stderr and "op x backend" in r.stderr and "FusedFFN" in r.stderr
     assert "minfer op profile" in r.stderr
+
+
+def test_hugepage_copy_matches_the_mapping(monkeypatch):
+    """MINFER_HUGEPAGES=1 loads a copy of the file into memory asked for 2 MB pages instead of mapping
+    it: the same weights, so the same logits bit for bit; a bad value is an error naming the lever."""
+    path = str(synthetic_model("qwen2-tiny-q4_0"))
+    ids = np.array([5, 900, 77, 3, 12000, 42, 8], np.int32)
+    mapped = M.Session(M.Model(path), threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
+    monkeypatch.setenv("MINFER_HUGEPAGES", "1")
+    copied = M.Session(M.Model(path), threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
+    assert np.array_equal(np.asarray(mapped), np.asarray(copied))
+    monkeypatch.setenv("MINFER_HUGEPAGES", "yes")
+    with pytest.raises(minfer.MinferError, match="MINFER_HUGEPAGES must be 0 or 1"):
+        M.Model(path)

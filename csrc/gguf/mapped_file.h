@@ -1,4 +1,5 @@
-// A read-only memory mapping of a whole file.  The GGUF reader and every weight
+// A read-only memory mapping of a whole file (or, with MINFER_HUGEPAGES=1, a
+// read-only copy of it in 2 MB pages: mapped_file.cpp).  The GGUF reader and every weight
 // view point into it; it is never written (PROT_READ), and it stays mapped as
 // long as any shared_ptr to it lives (numpy views included).
 //
@@ -38,6 +39,7 @@ class MappedFile {
     std::vector<uint8_t> owned_;  // from_memory only
     const uint8_t* data_ = nullptr;
     size_t size_ = 0;
+    size_t map_size_ = 0;       // MINFER_HUGEPAGES copies only: the anonymous mapping's length
     int fd_ = -1;               // open() only
     int64_t mtime_ns_ = 0;
 };
