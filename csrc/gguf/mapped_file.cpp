@@ -32,6 +32,7 @@ constexpr size_t kHugePage = size_t(2) << 20;
 }  // namespace
 
 std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
+    const bool copy = huge_pages_requested();  // before the descriptor exists: a bad value leaks nothing
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) throw GGUFError(strfmt("cannot open GGUF file '%s': %s", path.c_str(), std::strerror(errno)));
     struct stat st;
@@ -43,8 +44,7 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
     f->path_ = path;
     f->size_ = size_t(st.st_size);
     f->fd_ = -1;
-    const bool huge = f->size_ > 0 && huge_pages_requested();
-    if (huge) {
+    if (copy && f->size_ > 0) {
         f->map_size_ = (f->size_ + kHugePage - 1) / kHugePage * kHugePage;
         void* p = mmap(nullptr, f->map_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) {
