@@ -285,7 +285,7 @@ using MatvecKernel = void (*)(MatvecArgs, XQ);
 
 MatvecKernel block_kernel_build(const MatvecArgs& a) {
     const uint32_t t = a.part[0].type;
-    for (int p = 1; p < (a.swiglu ? 2 : a.n_parts); p++)
+    for (int p = 1; p < weight_parts(a); p++)
         if (a.part[p].type != t) return matvec_q8_block_kernel<kAnyType, 0>;
     const bool long_rows = a.K >= 8192;
     switch (t) {
@@ -314,7 +314,7 @@ bool block_kernel_for(const MatvecArgs& a) {
         if (end != v && !*end && n >= 0) return a.K >= n;
         throw MinferError(strfmt("MINFER_CUDA_MV must be 'warp', 'block' or a row length, not '%s'", v));
     }
-    for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++)
+    for (int p = 0; p < weight_parts(a); p++)
         if (a.part[p].type != GGML_TYPE_Q4_K && a.part[p].type != GGML_TYPE_Q6_K) return false;
     return a.K >= 1024;
 }
@@ -344,7 +344,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     if (a.swiglu) rows = a.part[0].n_out;
     else
         for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
-    for (int p = 0; p < (a.swiglu ? 2 : a.n_parts); p++)
+    for (int p = 0; p < weight_parts(a); p++)
         if (!matvec_q8_supported(a.part[p].type, a.K))
             throw MinferError(strfmt("CUDA matvec_q8: weight type %u has no 8-bit-activation kernel", a.part[p].type));
     const Q8Act x = q8_act(scratch, a.n_rows, a.K);

@@ -11,6 +11,9 @@ namespace minfer::cuda {
 
 constexpr int kMatvecWarps = 8;  // warps per block, one output row each
 
+// The weights a launch reads: gate and up with swiglu, else its n_parts parts.
+__host__ __device__ inline int weight_parts(const MatvecArgs& a) { return a.swiglu ? 2 : a.n_parts; }
+
 struct WarpRow {
     int p;       // the part
     int64_t o;   // row of that part (gate and up row o with swiglu)
