@@ -4,8 +4,9 @@
 // smaller shapes).  Both kernels are forced by MINFER_CUDA_MV; "max diff" is the block kernel's distance from
 // the warp kernel's result (sums in another order).  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
-//        benchmarks/matvec_probe.cu csrc/common/error.cpp && /tmp/matvec_probe
+//        benchmarks/matvec_probe.cu csrc/common/error.cpp csrc/quant/types.cpp && /tmp/matvec_probe
 #include "backends/cuda/matvec_q8.cu"
+#include <cstddef>
 #include <cstdio>
 #include <vector>
 #include <random>
@@ -26,16 +27,16 @@ int main() {
     cudaEventCreate(&e0); cudaEventCreate(&e1);
     std::mt19937 rng(1);
     for (auto& S : shapes) {
-        const int bv = S.type == GGML_TYPE_Q8_0 ? 32 : 256, bb = S.type == GGML_TYPE_Q4_K ? 144 : S.type == GGML_TYPE_Q6_K ? 210 : 34;
-        const int64_t rb = S.K / bv * bb, bytes = S.N * rb;
+        const int bb = type_traits(S.type).type_size;
+        const int64_t rb = int64_t(row_size(S.type, S.K)), bytes = S.N * rb;
         const int copies = int(std::max<int64_t>(3, (600ll << 20) / bytes));
         std::vector<uint8_t> h(bytes + 64);
         for (auto& v : h) v = uint8_t(rng());
-        const int doff = S.type == GGML_TYPE_Q6_K ? 208 : 0;
+        const size_t doff = S.type == GGML_TYPE_Q6_K ? offsetof(block_q6_K, d) : 0;  // the f16 scale(s) of each block
         for (int64_t b = 0; b < bytes; b += bb) {
             uint16_t d = 0x1c00 | (rng() & 0x3ff), m = 0x1c00 | (rng() & 0x3ff);
             memcpy(&h[b + doff], &d, 2);
-            if (S.type == GGML_TYPE_Q4_K) memcpy(&h[b + 2], &m, 2);
+            if (S.type == GGML_TYPE_Q4_K) memcpy(&h[b + offsetof(block_q4_K, dmin)], &m, 2);
         }
         uint8_t* W; cudaMalloc(&W, bytes * copies + 64);
         for (int c = 0; c < copies; c++) cudaMemcpy(W + c * bytes, h.data(), bytes, cudaMemcpyHostToDevice);
