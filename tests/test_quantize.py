@@ -1,9 +1,10 @@
 """Quantizers: the reference weight quantizers match `gguf.quants.quantize` bit
-for bit; the activation quantizers round-trip within their quantization error."""
+for bit; the activation quantizers round-trip within their quantization error,
+and each ISA's activation quantizer writes the reference's bytes."""
 import numpy as np
 import pytest
 
-from minfer.quants import GGMLType as T, dequantize, quantize, quantize_act
+from minfer.quants import GGMLType as T, available_isas, dequantize, quantize, quantize_act
 from quant_helpers import parse_act
 
 gguf = pytest.importorskip("gguf", reason="the PyPI `gguf` package is the independent oracle")
@@ -68,6 +69,24 @@ def test_activation_quantizer_round_trip(t, n, rng):
     if t == T.Q8_1:  # s = d * sum(q), rounded to f16
         sums = (vals.reshape(-1, bs) / np.where(d == 0, 1, d)[:, None]).sum(1)
         assert np.allclose(s, d * sums, rtol=2 ** -10, atol=0)
+
+
+SIMD_ISAS = [i for i in available_isas() if i != "scalar"]
+
+
+@pytest.mark.skipif(not SIMD_ISAS, reason="this build and CPU have no SIMD activation quantizer")
+@pytest.mark.parametrize("t", [T.Q8_0, T.Q8_1, T.Q8_K], ids=lambda t: t.name)
+def test_simd_activation_quantizer_matches_reference(t, rng):
+    """The GEMM quantizes activations with its ISA's quantizer: the reference's bytes exactly
+    (scales, quants, Q8_1 sums, Q8_K block sums), ties at k + 1/2 included."""
+    cases = list(inputs(rng))
+    ties = (rng.integers(-254, 255, 32 * 64) / 2).astype(np.float32)
+    ties[::32] = 127.0  # every block's max is 127, so d = 1 and each odd half-integer is a tie
+    cases.append(("ties", ties))
+    cases.append(("tiny", (rng.standard_normal(32 * 64) * 1e-30).astype(np.float32)))
+    for isa in SIMD_ISAS:
+        for label, x in cases:
+            assert np.array_equal(quantize_act(x, t, isa), quantize_act(x, t)), (isa, label)
 
 
 def test_q8_0_activation_equals_weight_quantizer(rng):

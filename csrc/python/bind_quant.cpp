@@ -72,12 +72,14 @@ void bind_quant(py::module_& m) {
         return out;
     }, py::arg("x"), py::arg("type"), "reference quantizer (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/F16/F32): flat bytes");
 
-    m.def("quantize_act", [](F32Array x, uint32_t type) {
+    m.def("quantize_act", [](F32Array x, uint32_t type, const py::object& isa) {
         int64_t n = int64_t(x.size());
+        // the scalar reference unless an ISA is named (the GEMM uses its ISA's quantizer: the same bytes)
+        const act_quantize_fn q = isa.is_none() ? quantize_row_act : dot_kernels(isa_from(isa)).quantize;
         py::array_t<uint8_t> out(py::ssize_t(row_size(type, n)));
-        quantize_row_act(type, x.data(), out.mutable_data(), n);
+        q(type, x.data(), out.mutable_data(), n);
         return out;
-    }, py::arg("x"), py::arg("type"), "activation quantizer (Q8_0, Q8_1, Q8_K, F32): flat bytes");
+    }, py::arg("x"), py::arg("type"), py::arg("isa") = py::none(), "activation quantizer (Q8_0, Q8_1, Q8_K, F32): flat bytes");
 
     m.def("vec_dot", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");

@@ -33,6 +33,7 @@ const DotKernels* dot_kernels_neon() { return nullptr; }
 DotKernels make_dot_table(Isa isa, const DotFns& f) {
     DotKernels t;
     t.isa = isa;
+    t.quantize = quantize_row_act;
     for (auto& fn : t.dot) fn = nullptr;
     for (auto& fn : t.rows) fn = nullptr;
     for (auto& fn : t.tile4) fn = nullptr;

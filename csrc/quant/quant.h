@@ -66,8 +66,12 @@ void act_scales(uint32_t act_type, const void* a, int64_t n, float* out);
 enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };
 const char* isa_name(Isa isa);
 
+// An activation quantizer: quantize_row_act's signature and bytes.
+typedef void (*act_quantize_fn)(uint32_t type, const float* x, void* y, int64_t n);
+
 struct DotKernels {
     Isa isa;
+    act_quantize_fn quantize;           // quantize_row_act, or this ISA's faster one (the same bytes)
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)

@@ -63,9 +63,10 @@ def quantize(x: np.ndarray, t: int) -> np.ndarray:
     return _minfer.quantize(np.ascontiguousarray(x, dtype=np.float32), int(t))
 
 
-def quantize_act(x: np.ndarray, t: int) -> np.ndarray:
-    """Activation quantizer (Q8_0, Q8_1, Q8_K): flat uint8."""
-    return _minfer.quantize_act(np.ascontiguousarray(x, dtype=np.float32), int(t))
+def quantize_act(x: np.ndarray, t: int, isa: str | None = None) -> np.ndarray:
+    """Activation quantizer (Q8_0, Q8_1, Q8_K): flat uint8.  The scalar reference, or the
+    quantizer of `isa` (the one the matrix products use; the same bytes)."""
+    return _minfer.quantize_act(np.ascontiguousarray(x, dtype=np.float32), int(t), isa)
 
 
 def vec_dot(t: int, w: np.ndarray, a: np.ndarray, isa: str | None = None) -> float:

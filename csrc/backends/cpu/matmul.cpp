@@ -67,7 +67,7 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const uint32_t at = a.type;
         const int64_t n_sc = a.n_sc;
         auto quantize_one = [&](int64_t t, int) {
-            quantize_row_act(at, x + t * x_ld, dst + size_t(t) * rb, cols);
+            kernels.quantize(at, x + t * x_ld, dst + size_t(t) * rb, cols);
             if (n_sc) act_scales(at, dst + size_t(t) * rb, cols, sc + t * n_sc);
         };
         if (n_tok > 1) pool.parallel_for(n_tok, quantize_one);
