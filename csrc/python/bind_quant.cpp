@@ -81,6 +81,13 @@ void bind_quant(py::module_& m) {
         return out;
     }, py::arg("x"), py::arg("type"), py::arg("isa") = py::none(), "activation quantizer (Q8_0, Q8_1, Q8_K, F32): flat bytes");
 
+    m.def("swiglu", [](F32Array g, F32Array u, const py::object& isa) {
+        if (g.size() != u.size()) throw MinferError(strfmt("swiglu: g has %zd values, u %zd", g.size(), u.size()));
+        py::array_t<float> out(g.size());
+        dot_kernels(isa_from(isa)).swiglu(g.data(), u.data(), out.mutable_data(), int64_t(g.size()));
+        return out;
+    }, py::arg("g"), py::arg("u"), py::arg("isa") = py::none(), "the FFN gate silu(g) * u with one ISA's kernel");
+
     m.def("vec_dot", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n = values_in(type, wb.n, "vec_dot weights");

@@ -10,6 +10,7 @@ namespace minfer {
 namespace {
 #define MINFER_VNNI 0
 #include "quant/quantize_act_x86.inc"
+#include "quant/swiglu_x86.inc"
 #include "quant/dot_x86.inc"
 }  // namespace
 

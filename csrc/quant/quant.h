@@ -68,10 +68,14 @@ const char* isa_name(Isa isa);
 
 // An activation quantizer: quantize_row_act's signature and bytes.
 typedef void (*act_quantize_fn)(uint32_t type, const float* x, void* y, int64_t n);
+// The FFN gate over n values: y = silu(g) * u = g u / (1 + e^-g) (y may be g or u).
+typedef void (*swiglu_fn)(const float* g, const float* u, float* y, int64_t n);
+void swiglu_row_ref(const float* g, const float* u, float* y, int64_t n);  // with std::exp
 
 struct DotKernels {
     Isa isa;
     act_quantize_fn quantize;           // quantize_row_act, or this ISA's faster one (the same bytes)
+    swiglu_fn swiglu;                   // swiglu_row_ref, or this ISA's (within 2 ulp of it)
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)

@@ -69,6 +69,12 @@ def quantize_act(x: np.ndarray, t: int, isa: str | None = None) -> np.ndarray:
     return _minfer.quantize_act(np.ascontiguousarray(x, dtype=np.float32), int(t), isa)
 
 
+def swiglu(g: np.ndarray, u: np.ndarray, isa: str | None = None) -> np.ndarray:
+    """silu(g) * u (flat float32) with one ISA's kernel (the CPU backend's FFN gate)."""
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32).ravel()  # noqa: E731
+    return _minfer.swiglu(f32(g), f32(u), isa)
+
+
 def vec_dot(t: int, w: np.ndarray, a: np.ndarray, isa: str | None = None) -> float:
     """dot(weight blocks of type t, activation blocks of vec_dot_type(t)) with one ISA's kernel."""
     return _minfer.vec_dot(int(t), np.ascontiguousarray(w), np.ascontiguousarray(a), isa)

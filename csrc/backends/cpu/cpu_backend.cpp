@@ -58,7 +58,8 @@ void CpuBackend::ffn(const Node& node, const ExecArgs& args) {
     float* y = at(args.out);
     MatJob jobs[2] = {{wg.data, wg.type, wg.rows(), scratch_.data(), n_ff}, {wu.data, wu.type, wu.rows(), y, args.out.ld}};
     matmul_jobs(jobs, 2, wg.cols(), at(args.in[0]), args.in[0].ld, rows, *pool_, *kernels_);
-    cpu_elementwise(Elementwise::SwiGLU, scratch_.data(), n_ff, y, args.out.ld, y, args.out.ld, rows, n_ff, *pool_);
+    cpu_elementwise(Elementwise::SwiGLU, scratch_.data(), n_ff, y, args.out.ld, y, args.out.ld, rows, n_ff, *pool_,
+                    kernels_->swiglu);
 }
 
 void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
@@ -121,7 +122,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
                           : node.op == Op::Silu ? Elementwise::Silu : Elementwise::SwiGLU;
             const bool binary = node.op != Op::Silu;
             cpu_elementwise(f, at(a.in[0]), a.in[0].ld, binary ? at(a.in[1]) : nullptr, binary ? a.in[1].ld : 0, at(a.out),
-                            a.out.ld, rows, cols, *pool_);
+                            a.out.ld, rows, cols, *pool_, kernels_->swiglu);
             return;
         }
         case Op::FusedQKV:

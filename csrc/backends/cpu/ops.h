@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 
+#include "quant/quant.h"
 #include "runtime/thread_pool.h"
 
 namespace minfer {
@@ -20,8 +21,8 @@ void cpu_rope(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t rows
               int rope_dim, float base, bool neox, const int32_t* pos, ThreadPool& pool);
 
 enum class Elementwise { Add, Mul, Silu, SwiGLU };
-// y = f(a, b) (b unused for Silu)
+// y = f(a, b) (b unused for Silu); SwiGLU (a the gate) by `swiglu`, the ISA's row kernel.
 void cpu_elementwise(Elementwise f, const float* a, int64_t a_ld, const float* b, int64_t b_ld, float* y,
-                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool);
+                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool, swiglu_fn swiglu);
 
 }  // namespace minfer
