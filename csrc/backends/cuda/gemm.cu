@@ -2,10 +2,12 @@
 // f16 once per call (every later token reuses it), the activations are rounded
 // to f16, and a tiled WMMA kernel accumulates in f32.
 //
-// Tiles: 128 x 128 outputs per block of 8 warps (2 x 4), each warp 64 x 32 =
-// 4 x 2 fragments of 16 x 16; K in steps of 32, double-buffered in shared
-// memory (the next tile is loaded into registers while this one is used).
-// Rows are padded to 40 halves so fragment loads do not conflict on banks.
+// Tiles: 128 x 128 outputs per block of 4 warps (2 x 2), each warp 64 x 64 =
+// 4 x 4 fragments of 16 x 16 (eight fragment loads per 16 products, where 64 x
+// 32 warps needed six per 8); K in slices of 32 through a three-deep cp.async
+// ring in shared memory (20 KB a stage, 60 KB a block: three blocks per SM).  Rows are
+// padded to 40 halves so fragment loads do not conflict on banks.  Blocks walk
+// M fastest, so the blocks in flight share each weight tile through L2.
 #include <mma.h>
 
 #include "backends/cuda/dequant.cuh"
@@ -40,89 +42,105 @@ __global__ void convert_f16_kernel(const float* __restrict__ x, int64_t ldx, int
     out[i] = __float2half_rn(x[r * ldx + c]);
 }
 
-constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, kThreads = 256;
+constexpr int BM = 128, BN = 128, BK = 32, LDS = BK + 8, kThreads = 128;
+constexpr int kWarpsN = 2, FM = 4, FN = 4;  // 2 x 2 warps, each FM x FN fragments
 
-// Loads rows [row0, row0 + 128) x [k0, k0 + 32) of a [rows, K] f16 matrix: 2 x 16 bytes per thread,
-// zeros past the last row.
-__device__ __forceinline__ void load_tile(const __half* __restrict__ src, int64_t rows, int64_t K, int64_t row0,
-                                          int64_t k0, uint4 reg[2]) {
-#pragma unroll
-    for (int i = 0; i < 2; i++) {
-        const int idx = threadIdx.x + i * kThreads;  // 0..511: row idx / 4, 8-half column group idx % 4
-        const int64_t r = row0 + idx / 4;
-        reg[i] = r < rows ? *(const uint4*)(src + r * K + k0 + (idx % 4) * 8) : make_uint4(0, 0, 0, 0);
-    }
+// One 16-byte cp.async (global -> shared, bypassing L1); src_bytes 0 fills the 16 bytes with zeros (rows past
+// the matrix's end, whose address is clamped to a valid one).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, int src_bytes) {
+    const unsigned s = unsigned(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes));
 }
-__device__ __forceinline__ void store_tile(__half (*dst)[LDS], const uint4 reg[2]) {
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+constexpr int kStages = 3;  // K slices in flight: two loading while one is multiplied
+constexpr int kTileHalves = BM * LDS;  // one operand's slice in shared memory (BM == BN)
+constexpr size_t kGemmSmem = size_t(kStages) * 2 * kTileHalves * sizeof(__half);  // 60 KB: above the 48 KB default
+static_assert(kWarpsN * FN * 16 == BN && (kThreads / 32 / kWarpsN) * FM * 16 == BM, "the warps cover the tile");
+
+// Issues the copies of rows [row0, row0 + 128) x [k0, k0 + 32) of a [rows, K] f16 matrix into dst: four
+// 16-byte pieces per thread.
+__device__ __forceinline__ void load_slice(const __half* __restrict__ src, int64_t rows, int64_t K, int64_t row0,
+                                           int64_t k0, __half* dst) {
+    constexpr int per_row = BK / 8;
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < BM * per_row / kThreads; i++) {
         const int idx = threadIdx.x + i * kThreads;
-        *(uint4*)&dst[idx / 4][(idx % 4) * 8] = reg[i];
+        const int64_t r = row0 + idx / per_row;
+        const __half* g = src + (r < rows ? r : rows - 1) * K + k0 + (idx % per_row) * 8;
+        cp_async16(dst + (idx / per_row) * LDS + (idx % per_row) * 8, g, r < rows ? 16 : 0);
     }
 }
 
 // blockIdx.z takes K range [z * k_len, (z + 1) * k_len); with split K each
 // range writes its own partial [M, N] (y + z * M * N, no bias) for gemm_reduce.
+// The K slices stream through a kStages-deep ring of shared-memory buffers
+// filled by cp.async: the copies of slices t+1 and t+2 are in flight while
+// slice t is multiplied (the register-staged double buffer this replaced kept
+// one).  blockIdx.x walks M, blockIdx.y N.
 __global__ void __launch_bounds__(kThreads) gemm_f16_kernel(const __half* __restrict__ A, const __half* __restrict__ B,
                                                             int64_t M, int64_t N, int64_t K, int64_t k_len,
                                                             float* __restrict__ y, int64_t ldy,
                                                             const float* __restrict__ bias) {
-    __shared__ __align__(128) __half As[2][BM][LDS];
-    __shared__ __align__(128) __half Bs[2][BN][LDS];
-    const int warp = threadIdx.x >> 5, wm = warp / 4, wn = warp % 4;
-    const int64_t m0 = int64_t(blockIdx.y) * BM, n0 = int64_t(blockIdx.x) * BN;
+    extern __shared__ __align__(128) unsigned char smem_raw[];
+    __half* smem = (__half*)smem_raw;  // stage s: A slice at 2s, B slice at 2s + 1 (kTileHalves each)
+    const int warp = threadIdx.x >> 5, wm = warp / kWarpsN, wn = warp % kWarpsN;
+    const int64_t m0 = int64_t(blockIdx.x) * BM, n0 = int64_t(blockIdx.y) * BN;
 
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[4][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[FM][FN];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < FM; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+        for (int j = 0; j < FN; j++) wmma::fill_fragment(acc[i][j], 0.0f);
 
     const int64_t kb = int64_t(blockIdx.z) * k_len;
     if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
-    uint4 ra[2], rb[2];
-    load_tile(A, M, K, m0, kb, ra);
-    load_tile(B, N, K, n0, kb, rb);
-    store_tile(As[0], ra);
-    store_tile(Bs[0], rb);
-    __syncthreads();
     const int64_t steps = k_len / BK;
-    for (int64_t t = 0; t < steps; t++) {
-        const int cur = int(t & 1);
-        if (t + 1 < steps) {  // fetch the next K slice while this one is multiplied
-            load_tile(A, M, K, m0, kb + (t + 1) * BK, ra);
-            load_tile(B, N, K, n0, kb + (t + 1) * BK, rb);
+    auto issue = [&](int64_t t) {  // slice t into stage t % kStages; one commit group per call, empty or not
+        if (t < steps) {
+            __half* st = smem + (t % kStages) * 2 * kTileHalves;
+            load_slice(A, M, K, m0, kb + t * BK, st);
+            load_slice(B, N, K, n0, kb + t * BK, st + kTileHalves);
         }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int t = 0; t < kStages - 1; t++) issue(t);
+    for (int64_t t = 0; t < steps; t++) {
+        cp_async_wait<kStages - 2>();  // slice t has landed (group t + 1 may still be in flight)
+        __syncthreads();               // ... for every thread; and every warp is done with slice t - 1
+        issue(t + kStages - 1);        // into the stage slice t - 1 used
+        const __half* As = smem + (t % kStages) * 2 * kTileHalves;
+        const __half* Bs = As + kTileHalves;
 #pragma unroll
         for (int kk = 0; kk < BK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[4];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[FM];
+            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[FN];
 #pragma unroll
-            for (int i = 0; i < 4; i++) wmma::load_matrix_sync(fa[i], &As[cur][wm * 64 + i * 16][kk], LDS);
+            for (int i = 0; i < FM; i++) wmma::load_matrix_sync(fa[i], As + (wm * 16 * FM + i * 16) * LDS + kk, LDS);
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], &Bs[cur][wn * 32 + j * 16][kk], LDS);
+            for (int j = 0; j < FN; j++) wmma::load_matrix_sync(fb[j], Bs + (wn * 16 * FN + j * 16) * LDS + kk, LDS);
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int i = 0; i < FM; i++)
 #pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int j = 0; j < FN; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
         }
-        if (t + 1 < steps) {
-            store_tile(As[cur ^ 1], ra);
-            store_tile(Bs[cur ^ 1], rb);
-        }
-        __syncthreads();
     }
+    cp_async_wait<0>();
+    __syncthreads();  // the ring is free: reused as the epilogue's staging
 
     // Epilogue through a per-warp 16 x 16 staging tile (bounds and bias per element).
-    float* stage = (float*)&As[0][0][0] + warp * 256;
+    float* stage = (float*)smem_raw + warp * 256;  // 4 KB of the ring
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < FM; i++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
+        for (int j = 0; j < FN; j++) {
             wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
             __syncwarp();
-            const int64_t r0 = m0 + wm * 64 + i * 16, c0 = n0 + wn * 32 + j * 16;
+            const int64_t r0 = m0 + wm * 16 * FM + i * 16, c0 = n0 + wn * 16 * FN + j * 16;
             for (int e = lane; e < 256; e += 32) {
                 const int64_t r = r0 + e / 16, c = c0 + e % 16;
                 if (r < M && c < N) y[r * ldy + c] = stage[e] + (bias ? bias[c] : 0.0f);
@@ -175,12 +193,19 @@ void gemm_f16(const __half* A, const __half* B, int64_t M, int64_t N, int64_t K,
               const float* bias, float* partial, cudaStream_t s) {
     if (K % BK) throw MinferError(strfmt("CUDA gemm: K = %lld is not a multiple of %d", (long long)K, BK));
     const int splits = partial ? gemm_splits(M, N, K) : 1;
-    const dim3 grid(unsigned((N + BN - 1) / BN), unsigned((M + BM - 1) / BM), unsigned(splits));
+    const dim3 grid(unsigned((M + BM - 1) / BM), unsigned((N + BN - 1) / BN), unsigned(splits));
+    static const bool smem_ok = [] {  // once per process: the ring needs more than the default 48 KB
+        const cudaError_t e = cudaFuncSetAttribute(gemm_f16_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kGemmSmem));
+        if (e != cudaSuccess)
+            throw MinferError(strfmt("CUDA: gemm_f16 cannot have %zu bytes of shared memory: %s", kGemmSmem, cudaGetErrorString(e)));
+        return true;
+    }();
+    (void)smem_ok;
     if (splits == 1) {
-        gemm_f16_kernel<<<grid, kThreads, 0, s>>>(A, B, M, N, K, K, y, ldy, bias);
+        gemm_f16_kernel<<<grid, kThreads, kGemmSmem, s>>>(A, B, M, N, K, K, y, ldy, bias);
         return check_launch("gemm_f16");
     }
-    gemm_f16_kernel<<<grid, kThreads, 0, s>>>(A, B, M, N, K, K / splits, partial, N, nullptr);
+    gemm_f16_kernel<<<grid, kThreads, kGemmSmem, s>>>(A, B, M, N, K, K / splits, partial, N, nullptr);
     check_launch("gemm_f16 (split K)");
     gemm_reduce_kernel<<<unsigned((M * N + 255) / 256), 256, 0, s>>>(partial, splits, M, N, y, ldy, bias);
     check_launch("gemm_reduce");
