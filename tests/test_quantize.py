@@ -89,6 +89,16 @@ def test_simd_activation_quantizer_matches_reference(t, rng):
             assert np.array_equal(quantize_act(x, t, isa), quantize_act(x, t)), (isa, label)
 
 
+@pytest.mark.parametrize("isa", available_isas())
+def test_activation_quantizer_rejects_what_it_cannot_make(isa):
+    import minfer
+    x = np.ones(256, np.float32)
+    with pytest.raises(minfer.MinferError, match="Q4_K is not an activation type"):
+        quantize_act(x, T.Q4_K, isa)
+    with pytest.raises(minfer.MinferError, match="not a multiple of the Q8_0 block size 32"):
+        quantize_act(x[:40], T.Q8_0, isa)
+
+
 def test_q8_0_activation_equals_weight_quantizer(rng):
     x = rng.standard_normal(32 * 16).astype(np.float32)
     assert np.array_equal(quantize_act(x, T.Q8_0), quantize(x, T.Q8_0))
