@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/huge_pages.h"
 
 namespace minfer {
 
@@ -29,15 +30,6 @@ bool huge_pages_requested() {
 }
 
 constexpr size_t kHugePage = size_t(2) << 20;
-
-// A request (Linux transparent huge pages, "madvise" or "always" mode); elsewhere, or refused, 4 KB pages.
-void advise_huge_pages(void* p, size_t n) {
-#ifdef MADV_HUGEPAGE
-    madvise(p, n, MADV_HUGEPAGE);
-#else
-    (void)p, (void)n;
-#endif
-}
 
 // The file mapped read-only at a 2 MB-aligned address (file offset 0 there, so each 2 MB of the file lines up
 // with one huge-page table entry), with MADV_HUGEPAGE.  Where the page cache holds the file in 2 MB folios

@@ -3,14 +3,13 @@
 
 #include <cstring>
 
+#include "common/exp_avx2.h"
 #include "common/half.h"
 #include "quant/quant.h"
 
 namespace minfer {
 namespace {
 #define MINFER_VNNI 0
-#include "quant/quantize_act_x86.inc"
-#include "quant/swiglu_x86.inc"
 #include "quant/dot_x86.inc"
 }  // namespace
 

@@ -4,14 +4,13 @@
 
 #include <cstring>
 
+#include "common/exp_avx2.h"
 #include "common/half.h"
 #include "quant/quant.h"
 
 namespace minfer {
 namespace {
 #define MINFER_VNNI 1
-#include "quant/quantize_act_x86.inc"
-#include "quant/swiglu_x86.inc"
 #include "quant/dot_x86.inc"
 
 float dot_f32_f32_512(int64_t n, const void* vw, const void* va) {

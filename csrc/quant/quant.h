@@ -75,7 +75,7 @@ void swiglu_row_ref(const float* g, const float* u, float* y, int64_t n);  // wi
 struct DotKernels {
     Isa isa;
     act_quantize_fn quantize;           // quantize_row_act, or this ISA's faster one (the same bytes)
-    swiglu_fn swiglu;                   // swiglu_row_ref, or this ISA's (within 2 ulp of it)
+    swiglu_fn swiglu;                   // swiglu_row_ref, or this ISA's (both within 4 ulp of float64)
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)

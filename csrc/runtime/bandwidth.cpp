@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "common/error.h"
+#include "common/huge_pages.h"
 
 namespace minfer {
 
@@ -28,9 +29,7 @@ double read_bandwidth_gbps(size_t bytes, int reps, ThreadPool& pool) {
         ~Unmap() { munmap(p, n); }
     } unmap{mem, span + kHuge};
     uint64_t* buf = (uint64_t*)((uintptr_t(mem) + kHuge - 1) & ~uintptr_t(kHuge - 1));
-#ifdef MADV_HUGEPAGE
-    madvise(buf, span, MADV_HUGEPAGE);  // a request: without THP the probe reads 4 KB pages
-#endif
+    advise_huge_pages(buf, span);
     // first touch in parallel, so pages land near the threads that read them
     const int64_t chunks = int64_t(pool.size()) * 16;
     pool.parallel_for(chunks, [&](int64_t c, int) {
