@@ -14,8 +14,8 @@
 2. The rows kernels (the GEMM's unit: one weight row x 1 or 4 tokens, with the
    activation scales pre-converted) equal the same ISA's single-token kernel
    bit for bit: per token they do the same operations.
-   The four-row tile kernels (x86 without VNNI: Q4_K, Q5_0; Q6_K's four-row decode kernel) equal them
-   too, row by row.
+   The four-row units (AVX2: the Q4_K and Q5_0 tiles, Q6_K's four-row decode kernel; AVX-512: the
+   K-quants' four-row decode kernels) equal them too, row by row.
 3. The scalar reference is within the activation quantization error of a
    float64 dot product of the (dequantized) weights with the float activations.
 """
@@ -147,19 +147,41 @@ def test_unavailable_isa_is_an_error():
         vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K], ids=lambda t: t.name)
-def test_tile4_matches_dot(t, rng):
-    """The GEMM's four-row tile (AVX2 without VNNI) gives each row's single-token result bit for bit, at 1
-    (decode's four-row kernel), 4 and 8 tokens: the GEMM may cut rows into tiles or not without changing a
-    logit."""
-    require_isa("avx2")
-    assert native.has_dot_tile4(t, "avx2"), f"{t.name} lost its avx2 tile kernel"
+TILE4 = [("avx2", T.Q4_K), ("avx2", T.Q5_0), ("avx2", T.Q6_K), ("avx512", T.Q4_K), ("avx512", T.Q6_K)]
+
+
+@pytest.mark.parametrize("isa,t", TILE4, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_tile4_matches_dot(isa, t, rng):
+    """The GEMM's four-row unit (AVX2's tiles; the AVX-512 K-quants' four-row decode kernel) gives each
+    row's single-token result bit for bit, at 1 (decode's four-row kernel), 4 and 8 tokens: the GEMM may
+    cut rows into tiles or not without changing a logit."""
+    require_isa(isa)
+    assert native.has_dot_tile4(t, isa), f"{t.name} lost its {isa} tile kernel"
     for n in lengths_for(t):
         for trial in range(6):
             w = np.stack([random_weight_row(rng, t, n) for _ in range(4)])
             x = (rng.standard_normal((8, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
             a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(8)])
-            want = np.array([[vec_dot(t, w[r], a[k], "avx2") for r in range(4)] for k in range(8)], np.float32)
-            assert np.array_equal(native.vec_dot_tile4(t, w, a, "avx2"), want), f"{t.name} n={n}: 8 tokens"
-            assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], "avx2"), want[4:]), f"{t.name} n={n}: 4 tokens"
-            assert np.array_equal(native.vec_dot_tile4(t, w, a[2], "avx2"), want[2:3]), f"{t.name} n={n}: 1 token"
+            want = np.array([[vec_dot(t, w[r], a[k], isa) for r in range(4)] for k in range(8)], np.float32)
+            assert np.array_equal(native.vec_dot_tile4(t, w, a, isa), want), f"{t.name} n={n}: 8 tokens"
+            assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], isa), want[4:]), f"{t.name} n={n}: 4 tokens"
+            assert np.array_equal(native.vec_dot_tile4(t, w, a[2], isa), want[2:3]), f"{t.name} n={n}: 1 token"
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K], ids=lambda t: t.name)
+def test_vnni_tiles_match_avx2(t, rng):
+    """The AVX-512 build runs AVX2's four-row units with vpdpbusd / vpdpwssd in place of vpmaddubsw + vpmaddwd
+    where several tokens share a weight block: the integers are the same, so every unit (1, 4, 8 tokens) and
+    the single dot give AVX2's bits, and an AVX-512 machine computes the logits an AVX2 one does."""
+    require_isa("avx2")
+    require_isa("avx512")
+    for n in lengths_for(t):
+        for trial in range(6):
+            w = np.stack([random_weight_row(rng, t, n) for _ in range(4)])
+            x = (rng.standard_normal((8, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(8)])
+            for rows in (a, a[4:], a[2]):
+                assert np.array_equal(native.vec_dot_tile4(t, w, rows, "avx512"), native.vec_dot_tile4(t, w, rows, "avx2")), \
+                    f"{t.name} n={n}: {rows.shape}"
+            assert native.vec_dot_rows(t, w[0], a, "avx512") == native.vec_dot_rows(t, w[0], a, "avx2"), f"{t.name} n={n}"
+            assert vec_dot(t, w[1], a[3], "avx512") == vec_dot(t, w[1], a[3], "avx2"), f"{t.name} n={n}"
