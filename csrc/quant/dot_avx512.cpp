@@ -62,10 +62,6 @@ DotKernels make_table() {
     t.dot[GGML_TYPE_F32] = dot_f32_f32_512;
     t.dot[GGML_TYPE_F16] = dot_f16_f32_512;
     t.dot[GGML_TYPE_BF16] = dot_bf16_f32_512;
-    // Q6_K decode row by row: on Zen 4 one sequential stream per thread, which the hardware prefetcher
-    // follows, beats the four interleaved rows with software prefetch that Zen 2 needed (1.5B shapes from
-    // DRAM, 2 threads: 1536 x 8960 22-24 -> 41-43 GB/s, 65536 x 1536 28-30 -> 36).  Same bits either way.
-    t.tile4[GGML_TYPE_Q6_K] = nullptr;
     return t;
 }
 }  // namespace
