@@ -88,3 +88,50 @@ def test_nan_logits_are_an_error():
         S(3).sample(np.array([0, np.nan, 1], np.float32))
     with pytest.raises(minfer.MinferError, match="3 logits for a vocabulary of 4"):
         S(4).sample(np.zeros(3, np.float32))
+
+
+@pytest.mark.parametrize("n", [1, 7, 31, 33, 49152, 151936])
+def test_greedy_scan_at_vocabulary_sizes(n):
+    """Greedy reads the logits in place with a vector scan (no copy, no bias): it must return numpy's
+    argmax (the first maximum) wherever the maximum and its ties fall, the tail past the last full
+    vector included, and name the first NaN wherever it sits."""
+    rng = np.random.default_rng(n)
+    s = S(n)
+    for trial in range(20):
+        x = rng.standard_normal(n).astype(np.float32)
+        if trial % 4 == 1:
+            x = np.round(x * 2) / 2  # many ties
+        if trial % 4 == 2:
+            x[rng.integers(0, n, size=min(n, 3))] = np.float32(x.max() + 1)  # tied maxima anywhere
+        if trial % 4 == 3:
+            x[:] = -np.inf
+            x[rng.integers(0, n)] = 0.0
+            if n > 1:
+                x[rng.integers(0, n)] = -0.0  # equal to 0.0: the first of the two wins
+        assert s.sample(x) == int(np.argmax(x)), (n, trial)
+        x[-1] = x.max() + 1
+        assert s.sample(x) == n - 1
+    for where in sorted({0, n // 2, n - 1}):
+        x = np.zeros(n, np.float32)
+        x[where] = np.nan
+        with pytest.raises(minfer.MinferError, match=f"logit {where} is NaN"):
+            s.sample(x)
+
+
+def test_greedy_with_bias_and_penalties_matches_reference():
+    rng = np.random.default_rng(5)
+    n = 5000
+    x = rng.standard_normal(n).astype(np.float32)
+    bias = {int(t): float(b) for t, b in zip(rng.integers(0, n, 20), rng.standard_normal(20) * 5)}
+    s = S(n, logit_bias=bias, repeat_penalty=1.3)
+    hist = [int(np.argmax(x))]
+    s.accept(hist[0])
+    ref = x.astype(np.float32).copy()
+    for t, b in bias.items():
+        ref[t] += np.float32(b)
+    ref[hist[0]] = ref[hist[0]] / np.float32(1.3) if ref[hist[0]] > 0 else ref[hist[0]] * np.float32(1.3)
+    assert s.sample(x) == int(np.argmax(ref))
+    inf = np.zeros(n, np.float32)
+    inf[3] = np.inf
+    with pytest.raises(minfer.MinferError, match="logit 3 is NaN after its logit_bias"):
+        S(n, logit_bias={3: float("-inf")}).sample(inf)

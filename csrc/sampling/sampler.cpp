@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "sampling/scan.h"
 
 namespace minfer {
 
@@ -57,11 +58,15 @@ double Sampler::uniform() {
 int Sampler::sample(const float* logits, int n_vocab) {
     if (n_vocab != n_vocab_)
         throw MinferError(strfmt("sampler: %d logits for a vocabulary of %d", n_vocab, n_vocab_));
+    const int bad = first_nan(logits, n_vocab);
+    if (bad >= 0) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", bad));
+    const bool penalties = !history_.empty() &&
+                           (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f);
+    if (p_.temperature == 0.0f && p_.logit_bias.empty() && !penalties)
+        return first_argmax(logits, n_vocab);  // greedy on the logits as they are: no copy
     work_.assign(logits, logits + n_vocab);
-    for (int i = 0; i < n_vocab; i++)
-        if (std::isnan(work_[size_t(i)])) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", i));
     for (auto& [tok, bias] : p_.logit_bias) work_[size_t(tok)] += bias;
-    if (!history_.empty() && (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f)) {
+    if (penalties) {
         std::map<int, int> count;
         for (int t : history_) count[t]++;
         for (auto [t, c] : count) {
@@ -72,7 +77,9 @@ int Sampler::sample(const float* logits, int n_vocab) {
         }
     }
     if (p_.temperature == 0.0f) {  // greedy: the first maximum
-        return int(std::max_element(work_.begin(), work_.end()) - work_.begin());
+        const int nan = first_nan(work_.data(), n_vocab);  // a bias of -inf on a logit of +inf
+        if (nan >= 0) throw MinferError(strfmt("sampler: logit %d is NaN after its logit_bias", nan));
+        return first_argmax(work_.data(), n_vocab);
     }
     // candidates sorted by logit (descending, then id), cut to top-k
     ids_.resize(size_t(n_vocab));

@@ -1,0 +1,68 @@
+#include "sampling/scan.h"
+
+#include <algorithm>
+#include <cmath>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+namespace minfer {
+
+int first_nan_ref(const float* x, int n) {
+    for (int i = 0; i < n; i++)
+        if (std::isnan(x[i])) return i;
+    return -1;
+}
+
+int first_argmax_ref(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
+
+#if defined(__AVX2__)
+int first_nan(const float* x, int n) {
+    int i = 0;
+    // 32 values a step: any NaN among them sets a lane of the unordered compare; the scalar loop then names it
+    for (; i + 32 <= n; i += 32) {
+        __m256 u = _mm256_setzero_ps();
+        for (int k = 0; k < 32; k += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i + k);
+            u = _mm256_or_ps(u, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        }
+        if (!_mm256_testz_ps(u, u)) break;
+    }
+    const int r = first_nan_ref(x + i, n - i);
+    return r < 0 ? -1 : i + r;
+}
+
+int first_argmax(const float* x, int n) {
+    // the maximum value (exact: vmaxps of NaN-free values is one of them), then its first position,
+    // which is what std::max_element returns (0.0 and -0.0 compare equal in both)
+    int i = 0;
+    float m = x[0];
+    if (n >= 32) {
+        __m256 a = _mm256_loadu_ps(x), b = a, c = a, d = a;
+        for (; i + 32 <= n; i += 32) {
+            a = _mm256_max_ps(a, _mm256_loadu_ps(x + i));
+            b = _mm256_max_ps(b, _mm256_loadu_ps(x + i + 8));
+            c = _mm256_max_ps(c, _mm256_loadu_ps(x + i + 16));
+            d = _mm256_max_ps(d, _mm256_loadu_ps(x + i + 24));
+        }
+        alignas(32) float t[8];
+        _mm256_store_ps(t, _mm256_max_ps(_mm256_max_ps(a, b), _mm256_max_ps(c, d)));
+        for (float v : t) m = std::max(m, v);
+    }
+    for (; i < n; i++) m = std::max(m, x[i]);
+    const __m256 mv = _mm256_set1_ps(m);
+    int j = 0;
+    for (; j + 8 <= n; j += 8) {
+        const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + j), mv, _CMP_EQ_OQ));
+        if (hit) return j + __builtin_ctz(unsigned(hit));
+    }
+    for (; j < n; j++)
+        if (x[j] == m) return j;
+    return 0;  // unreachable for NaN-free input
+}
+#else
+int first_nan(const float* x, int n) { return first_nan_ref(x, n); }
+int first_argmax(const float* x, int n) { return first_argmax_ref(x, n); }
+#endif
+
+}  // namespace minfer
