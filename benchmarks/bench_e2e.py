@@ -16,6 +16,8 @@ Measurements (minfer):
   load     : open to first eval ready (mmap: no weight copies)
   rss_peak : the process's peak resident set (ru_maxrss)
   loop %   : share of LLM.generate's decode time outside Session.eval (sampler, detokenizer, Python)
+  probe    : the streaming-read probe (bench_bandwidth.py's) right after each rep's decode, same threads;
+             "% of probe" is the median over reps of decode GB/s / that rep's probe
 llama.cpp: pp = `-p N -n 0`, tg = `-p 0 -n G -d N` (decode after an N-token context, like minfer's),
 TTFT = 16 / (pp of `-p 16`).
 """
@@ -56,6 +58,10 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     for k in range(n_gen):
         tok = int(sess.eval(np.array([tok], np.int32), n_prompt + k)[-1].argmax())
     decode = time.perf_counter() - t0
+    # the machine's read bandwidth right after the decode, in the same process and thread count: the VM's
+    # memory speed moves by 20 % within an hour, so a share of a ceiling measured at another minute misleads
+    from minfer import _minfer, quants
+    probe = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(threads))
 
     s2 = engine.Session(model, threads=threads, n_ctx=64)
     s2.eval(prompt[:4], 0)  # plans are per session: build the 16-token one's neighbours first
@@ -85,7 +91,7 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
                 prefill_tps=n_prompt / prefill, decode_tps=n_gen / decode, ttft_s=ttft,
                 rss_peak_mb=rss_peak_mb,
                 bytes_per_token=per_token + kv_bytes, weight_bytes_per_token=per_token,
-                path=path, graph_builds=sess.graph_builds, loop_overhead=loop_overhead)
+                path=path, graph_builds=sess.graph_builds, loop_overhead=loop_overhead, probe_gbps=probe)
 
 
 def run_llama_bench(binary: str, path: str, threads: int, n_prompt: int, n_gen: int) -> dict:
@@ -134,6 +140,9 @@ def main():
             row[k] = med(k, runs)
             row[k + "_spread"] = spread(k, runs)
         row["decode_gbps"] = row["decode_tps"] * runs[0]["bytes_per_token"] / 1e9
+        # each rep's decode bandwidth against the probe read right after it, then the median of those shares
+        row["probe_gbps"] = med("probe_gbps", runs)
+        row["decode_share"] = statistics.median(r["decode_tps"] * r["bytes_per_token"] / 1e9 / r["probe_gbps"] for r in runs)
         if lruns:
             for k in ("prefill_tps", "decode_tps", "ttft_s"):
                 row["llama_" + k] = med(k, lruns)
@@ -141,7 +150,8 @@ def main():
             row["llama_commit"] = lruns[0]["commit"]
         results.append(row)
     print(f"\nthreads={a.threads} prompt={a.prompt} gen={a.gen} reps={a.reps}")
-    hdr = "| model | prefill tok/s | decode tok/s | decode GB/s | TTFT (16) ms | load s | peak RSS MB | loop % |"
+    hdr = ("| model | prefill tok/s | decode tok/s | decode GB/s | probe GB/s | % of probe | TTFT (16) ms | load s |"
+           " peak RSS MB | loop % |")
     if llama:
         hdr += " llama pp | llama tg | llama TTFT ms | pp ratio | tg ratio |"
     print(hdr)
@@ -149,7 +159,7 @@ def main():
     for r in results:
         line = (f"| {r['model']} | {r['prefill_tps']:.1f} ({r['prefill_tps_spread'][0]:.1f}-{r['prefill_tps_spread'][1]:.1f})"
                 f" | {r['decode_tps']:.1f} ({r['decode_tps_spread'][0]:.1f}-{r['decode_tps_spread'][1]:.1f})"
-                f" | {r['decode_gbps']:.1f} | {r['ttft_s'] * 1e3:.0f} | {r['load_s']:.2f} | {r['rss_peak_mb']:.0f} |"
+                f" | {r['decode_gbps']:.1f} | {r['probe_gbps']:.1f} | {r['decode_share'] * 100:.0f} | {r['ttft_s'] * 1e3:.0f} | {r['load_s']:.2f} | {r['rss_peak_mb']:.0f} |"
                 f" {r['loop_overhead'] * 100:.1f} |")
         if llama:
             line += (f" {r['llama_prefill_tps']:.1f} | {r['llama_decode_tps']:.1f} | {r['llama_ttft_s'] * 1e3:.0f} |"
