@@ -16,7 +16,7 @@ Measurements (minfer):
   load     : open to first eval ready (mmap: no weight copies)
   rss_peak : the process's peak resident set (ru_maxrss)
   loop %   : share of LLM.generate's decode time outside Session.eval (sampler, detokenizer, Python)
-  probe    : the streaming-read probe (bench_bandwidth.py's) right after each rep's decode, same threads;
+  probe    : the streaming-read probe (bench_bandwidth.py's) in each rep's process, seconds after its decode;
              "% of probe" is the median over reps of decode GB/s / that rep's probe
 llama.cpp: pp = `-p N -n 0`, tg = `-p 0 -n G -d N` (decode after an N-token context, like minfer's),
 TTFT = 16 / (pp of `-p 16`).
@@ -58,10 +58,6 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     for k in range(n_gen):
         tok = int(sess.eval(np.array([tok], np.int32), n_prompt + k)[-1].argmax())
     decode = time.perf_counter() - t0
-    # the machine's read bandwidth right after the decode, in the same process and thread count: the VM's
-    # memory speed moves by 20 % within an hour, so a share of a ceiling measured at another minute misleads
-    from minfer import _minfer, quants
-    probe = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(threads))
 
     s2 = engine.Session(model, threads=threads, n_ctx=64)
     s2.eval(prompt[:4], 0)  # plans are per session: build the 16-token one's neighbours first
@@ -79,6 +75,11 @@ def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
     loop_overhead = out.metrics.decode_overhead
     llm.close()
 
+    # the machine's read bandwidth seconds after the decode, in the same process and thread count (after
+    # ru_maxrss: its 512 MiB are not the model's): the VM's memory speed moves by 20 % within an hour, so a
+    # share of a ceiling measured at another minute misleads
+    from minfer import _minfer, quants
+    probe = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(threads))
     f = gguf.open(path)
     weights = sum(t.nbytes for t in f.tensors.values())
     emb = f.tensors["token_embd.weight"].nbytes
