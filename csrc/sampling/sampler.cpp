@@ -65,7 +65,14 @@ int Sampler::sample(const float* logits, int n_vocab) {
     if (p_.temperature == 0.0f && p_.logit_bias.empty() && !penalties)
         return first_argmax(logits, n_vocab);  // greedy on the logits as they are: no copy
     work_.assign(logits, logits + n_vocab);
-    for (auto& [tok, bias] : p_.logit_bias) work_[size_t(tok)] += bias;
+    // only the tokens touched below can turn NaN (a bias of -inf on a logit of +inf): each is checked as it changes
+    auto changed = [&](int t, const char* by) {
+        if (std::isnan(work_[size_t(t)])) throw MinferError(strfmt("sampler: logit %d is NaN after its %s", t, by));
+    };
+    for (auto& [tok, bias] : p_.logit_bias) {
+        work_[size_t(tok)] += bias;
+        changed(tok, "logit_bias");
+    }
     if (penalties) {
         std::map<int, int> count;
         for (int t : history_) count[t]++;
@@ -74,11 +81,10 @@ int Sampler::sample(const float* logits, int n_vocab) {
             float& l = work_[size_t(t)];
             l = l > 0 ? l / p_.repeat_penalty : l * p_.repeat_penalty;
             l -= float(c) * p_.frequency_penalty + p_.presence_penalty;
+            changed(t, "penalties");
         }
     }
     if (p_.temperature == 0.0f) {  // greedy: the first maximum
-        const int nan = first_nan(work_.data(), n_vocab);  // a bias of -inf on a logit of +inf
-        if (nan >= 0) throw MinferError(strfmt("sampler: logit %d is NaN after its logit_bias", nan));
         return first_argmax(work_.data(), n_vocab);
     }
     // candidates sorted by logit (descending, then id), cut to top-k
