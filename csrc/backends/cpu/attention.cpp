@@ -22,8 +22,17 @@ namespace {
 // result depends only on its own scores.
 float softmax_unnormalized(float* s, int nk) {
     float mx = -INFINITY;
-    for (int j = 0; j < nk; j++) mx = std::max(mx, s[j]);
 #if defined(__AVX2__) && defined(__FMA__)
+    // the maximum in eight lanes (exact in any order; a scalar chain of maxss cost 6 % of decode attention)
+    int j8 = 0;
+    if (nk >= 8) {
+        __m256 vm = _mm256_loadu_ps(s);
+        for (j8 = 8; j8 + 8 <= nk; j8 += 8) vm = _mm256_max_ps(vm, _mm256_loadu_ps(s + j8));
+        alignas(32) float l[8];
+        _mm256_store_ps(l, vm);
+        for (float v : l) mx = std::max(mx, v);
+    }
+    for (; j8 < nk; j8++) mx = std::max(mx, s[j8]);
     const __m256 m = _mm256_set1_ps(mx);
     __m256d sum0 = _mm256_setzero_pd(), sum1 = _mm256_setzero_pd();
     for (int j = 0; j < nk; j += 8) {
@@ -45,6 +54,7 @@ float softmax_unnormalized(float* s, int nk) {
     _mm256_store_pd(d, _mm256_add_pd(sum0, sum1));
     return float(1.0 / ((d[0] + d[1]) + (d[2] + d[3])));
 #else
+    for (int j = 0; j < nk; j++) mx = std::max(mx, s[j]);
     double sum = 0.0;
     for (int j = 0; j < nk; j++) {
         s[j] = std::exp(s[j] - mx);
@@ -125,6 +135,41 @@ void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, f
         for (int d = 0; d < hd; d++) y[d] = std::fma(a, vj[d], y[d]);
     }
 }
+
+// weighted_sum for two heads of a group over the same values (pa, ya: head a; pb, yb: head b), each
+// (head, dim) summed exactly as weighted_sum sums it.  One head's 8 accumulators are 8 chains of
+// dependent multiply-adds, one step per key: the FMA latency, not its throughput, set the pace.  Two
+// heads make 16 chains and share each value load.  16 accumulators need AVX-512's 32 registers.
+bool weighted_sum2(const float* pa, float sa, const float* pb, float sb, const float* V, int nk, int hd, float* ya,
+                   float* yb, bool first) {
+#if defined(__AVX512F__) && defined(__FMA__)
+    if (hd % 64 != 0) return false;
+    for (int d0 = 0; d0 < hd; d0 += 64) {
+        __m256 acc_a[8], acc_b[8];
+        for (int v = 0; v < 8; v++) {
+            acc_a[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ya + d0 + 8 * v);
+            acc_b[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yb + d0 + 8 * v);
+        }
+        for (int j = 0; j < nk; j++) {
+            const __m256 a = _mm256_set1_ps(pa[j] * sa), b = _mm256_set1_ps(pb[j] * sb);
+            const float* vj = V + size_t(j) * size_t(hd) + d0;
+            for (int v = 0; v < 8; v++) {
+                const __m256 x = _mm256_loadu_ps(vj + 8 * v);
+                acc_a[v] = _mm256_fmadd_ps(a, x, acc_a[v]);
+                acc_b[v] = _mm256_fmadd_ps(b, x, acc_b[v]);
+            }
+        }
+        for (int v = 0; v < 8; v++) {
+            _mm256_storeu_ps(ya + d0 + 8 * v, acc_a[v]);
+            _mm256_storeu_ps(yb + d0 + 8 * v, acc_b[v]);
+        }
+    }
+    return true;
+#else
+    (void)pa, (void)sa, (void)pb, (void)sb, (void)V, (void)nk, (void)hd, (void)ya, (void)yb, (void)first;
+    return false;
+#endif
+}
 }  // namespace
 
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
@@ -177,36 +222,54 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
         // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
         const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
-        // each chunk of the cache, converted once, to every (row, head) of the task that sees part of it:
-        // fn(row, head, first position, visible positions of the chunk)
+        // each chunk of the cache, converted once, to every row of the task that sees part of it (fn serves
+        // the task's heads): fn(row, first position, visible positions of the chunk)
+        // Each row converted asks for the matching row of the next chunk, into L2 (prefetcht1): the
+        // fetch then has a whole chunk's arithmetic to arrive in.  A core has few L1 miss slots, and
+        // prefetches into L1 held them and stalled the conversion's own loads (a cold 295 KB walk with
+        // a chunk's work between chunks: 67 us without prefetch, 56 into L1, 45 into L2).
         auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
-            constexpr int kAhead = 16;
+            const int hdim = head_dim;  // a local: the stores below could alias the captured one
             for (int j0 = 0; j0 < n_keys; j0 += kChunk) {
                 const int n = std::min(kChunk, n_keys - j0);
                 for (int j = 0; j < n; j++) {
-                    if (j0 + j + kAhead < n_keys)
+                    if (j0 + j + kChunk < n_keys)
                         for (size_t b = 0; b < slice; b += 64)
-                            __builtin_prefetch(cache + size_t(j0 + j + kAhead) * rb + slice0 + b);
-                    kv_read_row(kv.type, cache + size_t(j0 + j) * rb, int64_t(g) * head_dim,
-                                &C[size_t(j) * size_t(head_dim)], head_dim);
+                            __builtin_prefetch(cache + size_t(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
+                    float* c = &C[size_t(j) * size_t(head_dim)];
+                    const uint8_t* row = cache + size_t(j0 + j) * rb;
+#if defined(__F16C__) && defined(__AVX2__)
+                    if (kv.type == GGML_TYPE_F16 && head_dim % 8 == 0) {  // inline: a call per row cost 20 %
+                        const uint16_t* h = (const uint16_t*)row + int64_t(g) * hdim;
+                        for (int d = 0; d < hdim; d += 8)
+                            _mm256_storeu_ps(c + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))));
+                        continue;
+                    }
+#endif
+                    kv_read_row(kv.type, row, int64_t(g) * head_dim, c, head_dim);
                 }
                 for (int64_t r = r0; r < r1; r++) {
                     const int nk = std::min(n, pos[r] + 1 - j0);
-                    if (nk > 0)
-                        for (int h = h0; h < h1; h++) fn(r, h, j0, nk);
+                    if (nk > 0) fn(r, j0, nk);
                 }
             }
         };
         auto at = [&](int64_t r, int h) { return size_t(r - r0) * size_t(nh) + size_t(h - h0); };
         auto scores_of = [&](int64_t r, int h) { return &S[at(r, h) * size_t(n_keys)]; };
-        over_chunks(k_cache, [&](int64_t r, int h, int j0, int nk) {
-            scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
+        over_chunks(k_cache, [&](int64_t r, int j0, int nk) {
+            for (int h = h0; h < h1; h++)
+                scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
         });
         for (int64_t r = r0; r < r1; r++)
             for (int h = h0; h < h1; h++) inv[at(r, h)] = softmax_unnormalized(scores_of(r, h), pos[r] + 1);
-        over_chunks(v_cache, [&](int64_t r, int h, int j0, int nk) {
-            weighted_sum(scores_of(r, h) + j0, inv[at(r, h)], C.data(), nk, head_dim,
-                         out + r * out_ld + int64_t(h) * head_dim, j0 == 0);
+        over_chunks(v_cache, [&](int64_t r, int j0, int nk) {
+            auto y = [&](int h) { return out + r * out_ld + int64_t(h) * head_dim; };
+            int h = h0;
+            for (; h + 2 <= h1; h += 2)
+                if (!weighted_sum2(scores_of(r, h) + j0, inv[at(r, h)], scores_of(r, h + 1) + j0, inv[at(r, h + 1)],
+                                   C.data(), nk, head_dim, y(h), y(h + 1), j0 == 0))
+                    break;
+            for (; h < h1; h++) weighted_sum(scores_of(r, h) + j0, inv[at(r, h)], C.data(), nk, head_dim, y(h), j0 == 0);
         });
     });
 }
