@@ -2,9 +2,6 @@
 
 #include <cstring>
 #include <vector>
-#if defined(__F16C__) && defined(__FMA__)
-#include <immintrin.h>
-#endif
 
 #include "common/error.h"
 #include "common/half.h"
@@ -48,19 +45,15 @@ void kv_write_row(uint32_t kv_type, const float* x, void* row, int64_t dim) {
     }
 }
 
+void kv_read_f16_table(const uint16_t* h, float* y, int64_t n) {
+    const float* t = f16_table();
+    for (int64_t i = 0; i < n; i++) y[i] = t[h[i]];
+}
+
 void kv_read_row(uint32_t kv_type, const void* row, int64_t col, float* y, int64_t n) {
     switch (kv_type) {
         case GGML_TYPE_F32: std::memcpy(y, (const float*)row + col, size_t(n) * 4); return;
-        case GGML_TYPE_F16: {
-            const uint16_t* h = (const uint16_t*)row + col;
-            int64_t i = 0;
-#if defined(__F16C__) && defined(__FMA__)
-            for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + i))));
-#endif
-            const float* t = f16_table();
-            for (; i < n; i++) y[i] = t[h[i]];
-            return;
-        }
+        case GGML_TYPE_F16: return kv_read_f16(row, col, y, n);
         default:
             dequantize_row(GGML_TYPE_Q8_0, (const block_q8_0*)row + col / QK8_0, y, n);
             return;

@@ -140,10 +140,15 @@ void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, f
 // (head, dim) summed exactly as weighted_sum sums it.  One head's 8 accumulators are 8 chains of
 // dependent multiply-adds, one step per key: the FMA latency, not its throughput, set the pace.  Two
 // heads make 16 chains and share each value load.  16 accumulators need AVX-512's 32 registers.
-bool weighted_sum2(const float* pa, float sa, const float* pb, float sb, const float* V, int nk, int hd, float* ya,
+#if defined(__AVX512F__) && defined(__FMA__)
+bool has_weighted_sum2(int hd) { return hd % 64 == 0; }
+#else
+bool has_weighted_sum2(int) { return false; }
+#endif
+
+void weighted_sum2(const float* pa, float sa, const float* pb, float sb, const float* V, int nk, int hd, float* ya,
                    float* yb, bool first) {
 #if defined(__AVX512F__) && defined(__FMA__)
-    if (hd % 64 != 0) return false;
     for (int d0 = 0; d0 < hd; d0 += 64) {
         __m256 acc_a[8], acc_b[8];
         for (int v = 0; v < 8; v++) {
@@ -164,10 +169,8 @@ bool weighted_sum2(const float* pa, float sa, const float* pb, float sb, const f
             _mm256_storeu_ps(yb + d0 + 8 * v, acc_b[v]);
         }
     }
-    return true;
 #else
     (void)pa, (void)sa, (void)pb, (void)sb, (void)V, (void)nk, (void)hd, (void)ya, (void)yb, (void)first;
-    return false;
 #endif
 }
 }  // namespace
@@ -236,17 +239,10 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                     if (j0 + j + kChunk < n_keys)
                         for (size_t b = 0; b < slice; b += 64)
                             __builtin_prefetch(cache + size_t(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
-                    float* c = &C[size_t(j) * size_t(head_dim)];
+                    float* c = &C[size_t(j) * size_t(hdim)];
                     const uint8_t* row = cache + size_t(j0 + j) * rb;
-#if defined(__F16C__) && defined(__AVX2__)
-                    if (kv.type == GGML_TYPE_F16 && head_dim % 8 == 0) {  // inline: a call per row cost 20 %
-                        const uint16_t* h = (const uint16_t*)row + int64_t(g) * hdim;
-                        for (int d = 0; d < hdim; d += 8)
-                            _mm256_storeu_ps(c + d, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(h + d))));
-                        continue;
-                    }
-#endif
-                    kv_read_row(kv.type, row, int64_t(g) * head_dim, c, head_dim);
+                    if (kv.type == GGML_TYPE_F16) kv_read_f16(row, int64_t(g) * hdim, c, hdim);
+                    else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
                 }
                 for (int64_t r = r0; r < r1; r++) {
                     const int nk = std::min(n, pos[r] + 1 - j0);
@@ -265,10 +261,9 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         over_chunks(v_cache, [&](int64_t r, int j0, int nk) {
             auto y = [&](int h) { return out + r * out_ld + int64_t(h) * head_dim; };
             int h = h0;
-            for (; h + 2 <= h1; h += 2)
-                if (!weighted_sum2(scores_of(r, h) + j0, inv[at(r, h)], scores_of(r, h + 1) + j0, inv[at(r, h + 1)],
-                                   C.data(), nk, head_dim, y(h), y(h + 1), j0 == 0))
-                    break;
+            for (; has_weighted_sum2(head_dim) && h + 2 <= h1; h += 2)
+                weighted_sum2(scores_of(r, h) + j0, inv[at(r, h)], scores_of(r, h + 1) + j0, inv[at(r, h + 1)], C.data(),
+                              nk, head_dim, y(h), y(h + 1), j0 == 0);
             for (; h < h1; h++) weighted_sum(scores_of(r, h) + j0, inv[at(r, h)], C.data(), nk, head_dim, y(h), j0 == 0);
         });
     });
