@@ -36,12 +36,6 @@ __device__ __forceinline__ void load16_a4(const uint8_t* p, uint32_t* w) {
 }
 __device__ __forceinline__ int byte_at(const uint32_t* w, int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xff); }
 
-// Byte k (0..11) of a K-quant's 12 scale bytes held in three words (k may be a run-time value).
-__device__ __forceinline__ int scale_byte(uint32_t s0, uint32_t s1, uint32_t s2, int k) {
-    const uint32_t w = k < 4 ? s0 : k < 8 ? s1 : s2;
-    return int((w >> (8 * (k % 4))) & 0xff);
-}
-
 template <int T>
 __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int64_t u, Unit& U) {
     U.b = 0.0f;
@@ -119,14 +113,14 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
         const int j = int(u % 8);
         const uint32_t dm = *(const uint32_t*)b;
         const uint32_t s0 = ((const uint32_t*)b)[1], s1 = ((const uint32_t*)b)[2], s2 = ((const uint32_t*)b)[3];
-        int sc, m;
-        if (j < 4) {
-            sc = scale_byte(s0, s1, s2, j) & 63;
-            m = scale_byte(s0, s1, s2, j + 4) & 63;
-        } else {
-            sc = (scale_byte(s0, s1, s2, j + 4) & 0xf) | ((scale_byte(s0, s1, s2, j - 4) >> 6) << 4);
-            m = (scale_byte(s0, s1, s2, j + 4) >> 4) | ((scale_byte(s0, s1, s2, j) >> 6) << 4);
-        }
+        // Sub-block j's 6-bit scale and min, picked out of whole words without a branch: a warp's lanes
+        // hold units of both halves of a super-block (j < 4, j >= 4), and a branch ran the two unpackings
+        // one after the other (as in matvec_q8.cu's Q4_K chunk, CUDA_NOTES run 64).
+        const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+        const uint32_t scw = j < 4 ? s0 & lo6 : (s2 & lo4) | (((s0 >> 6) & top2) << 4);
+        const uint32_t mnw = j < 4 ? s1 & lo6 : ((s2 >> 4) & lo4) | (((s1 >> 6) & top2) << 4);
+        const int sh = 8 * (j % 4);
+        const int sc = int((scw >> sh) & 0xff), m = int((mnw >> sh) & 0xff);
         U.a_lo = U.a_hi = h2f(dm) * float(sc);
         U.b = h2f(dm >> 16) * float(m);
         uint32_t qs[8];
