@@ -157,8 +157,9 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
             const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | (((qh[i] >> (2 * kk)) & 0x03030303u) << 4);
-                const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (((qh[i] >> (2 * kk + 4)) & 0x03030303u) << 4);
+                const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
+                const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
+                const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
                 s[h] = dp4a(int(minus32_bytes(lo)), xl[i], s[h]);
                 s[2 + h] = dp4a(int(minus32_bytes(hi)), xh[i], s[2 + h]);
             }
