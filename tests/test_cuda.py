@@ -126,6 +126,30 @@ def test_one_row_matvec_lever(rng, monkeypatch):
         M.cuda_matmul(t, w, x, 64, path="q8")
 
 
+@pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q6_k", 300, 3584),
+                                       ("q4_k", 64, 8960)])
+def test_block_matvec_staging(rng, monkeypatch, wtype, n, k):
+    """The block kernel's weight rows copied into shared memory first (before the PDL wait or after it)
+    give exactly the sums the reads from global memory give -- the same loads, another place --
+    including row counts whose last block is not staged (1003, 13, 300 rows); unset, rows of at most
+    12 KB a block (8 rows) are staged before the wait and longer ones not; a bad value is an error."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    res = {}
+    for v in ("off", "after", "before"):
+        monkeypatch.setenv("MINFER_CUDA_MV_STAGE", v)
+        res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    assert np.array_equal(res["off"], res["after"]) and np.array_equal(res["off"], res["before"])
+    monkeypatch.delenv("MINFER_CUDA_MV_STAGE")
+    auto = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    assert np.array_equal(auto, res["before"] if 8 * w.shape[1] <= 12 * 1024 else res["off"])
+    check_against_float64(rng, wtype, n, k, 1, "q8")
+    monkeypatch.setenv("MINFER_CUDA_MV_STAGE", "early")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STAGE must be 'auto', 'off', 'after' or 'before'"):
+        M.cuda_matmul(t, w, x, n, path="q8")
+
+
 def test_decode_path_lever(rng, monkeypatch):
     """auto takes the 8-bit-activation matvec (it computes differently from the f32 one);
     MINFER_CUDA_DECODE=f32 switches back; a bad value is an error."""

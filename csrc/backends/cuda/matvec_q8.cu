@@ -256,17 +256,66 @@ __device__ __forceinline__ float lane_chunks_any(uint32_t type, const uint8_t* r
     }
 }
 
+// The block's weight rows staged in shared memory (block_stage): every thread issues cp.async copies of 16
+// bytes for its share of them, so all the block's bytes are in flight at once -- one DRAM round trip for
+// the block, where a lane walking its chunks waited one round trip per chunk -- and the copies cost no
+// registers.  The rows: 8 consecutive rows of one part, or with swiglu 4 gate rows then the same 4 up
+// rows.  A block whose rows are not all there (the last one, or one straddling two parts) is not staged
+// and reads global memory as before.  Every thread calls it; the result is uniform over the block.
+enum : int { kStageOff = 0, kStageAfterWait = 1, kStageBeforeWait = 2 };
+
+__device__ __forceinline__ void cp_async16(uint8_t* smem, const void* gmem) {
+    const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* smem) {
+    constexpr int half = kBlockRows / 2;
+    int64_t o = int64_t(blockIdx.x) * (a.swiglu ? half : kBlockRows);
+    int p = 0;
+    if (a.swiglu) {
+        if (o + half > a.part[0].n_out) return false;
+    } else {
+        while (p < a.n_parts && o >= a.part[p].n_out) o -= a.part[p++].n_out;
+        if (p >= a.n_parts || o + kBlockRows > a.part[p].n_out) return false;
+    }
+    const int regions = a.swiglu ? 2 : 1, rows = a.swiglu ? half : kBlockRows;
+    int64_t off = 0;
+    for (int g = 0; g < regions; g++) {
+        const MatvecPart& A = a.part[a.swiglu ? g : p];
+        const uint8_t* src = A.W + o * A.rb;  // 16-byte aligned: block_stage checked W and rb
+        const int n16 = int(rows * A.rb / 16);
+        for (int i = threadIdx.x; i < n16; i += blockDim.x) cp_async16(smem + off + 16 * i, src + 16 * i);
+        off += rows * A.rb;
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    return true;
+}
+
 template <int T, int U>
-__global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x) {
-    pdl_start();
+__global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x,
+                                                                                           int stage) {
+    extern __shared__ __align__(16) uint8_t wsm[];  // the staged rows (block_stage_bytes)
     __shared__ float sums[kMatvecWarps][kBlockRows];
+    bool staged = false;
+    // the weights are no earlier kernel's output: their copy may start before the wait and overlap it
+    if (stage == kStageBeforeWait) staged = stage_block_rows(a, wsm);
+    pdl_start();
+    if (stage == kStageAfterWait) staged = stage_block_rows(a, wsm);
+    if (staged) {  // uniform over the block
+        asm volatile("cp.async.wait_all;\n" ::: "memory");
+        __syncthreads();
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
     const WarpRow row = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + r % (kBlockRows / 2))
                                  : warp_row(a, int64_t(blockIdx.x) * kBlockRows + r);
     float acc = 0.0f;
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
-        const uint8_t* w = A.W + row.o * A.rb;
+        const int64_t slot = a.swiglu && r >= kBlockRows / 2
+                                 ? (kBlockRows / 2) * a.part[0].rb + (r - kBlockRows / 2) * A.rb
+                                 : r * A.rb;
+        const uint8_t* w = staged ? wsm + slot : A.W + row.o * A.rb;
         const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
         if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
         else acc = lane_chunks<T, U>(w, x, c, step);
@@ -290,8 +339,9 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
 }
 
 using MatvecKernel = void (*)(MatvecArgs, XQ);
+using BlockKernel = void (*)(MatvecArgs, XQ, int);
 
-MatvecKernel block_kernel_build(const MatvecArgs& a) {
+BlockKernel block_kernel_build(const MatvecArgs& a) {
     const uint32_t t = a.part[0].type;
     for (int p = 1; p < weight_parts(a); p++)
         if (a.part[p].type != t) return matvec_q8_block_kernel<kAnyType, 0>;
@@ -304,6 +354,32 @@ MatvecKernel block_kernel_build(const MatvecArgs& a) {
         case GGML_TYPE_Q6_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1>;
         default: return matvec_q8_block_kernel<kAnyType, 0>;
     }
+}
+
+// Whether the block kernel stages its rows in shared memory (stage_block_rows), and the bytes it needs: the
+// copies are whole 16-byte pieces, so every part's rows must start 16-byte aligned (W aligned, rb % 4 == 0
+// with 4 or 8 rows a region), and 8 rows (+ 16 bytes: a Q6_K chunk reads a word past its field) must fit the
+// 48 KB a launch gets without opting in.  Unset (auto), rows are staged before the PDL wait where a block's
+// rows take at most 12 KB: six blocks an SM then hold 72 KB of shared memory and leave L1 most of its 256 KB
+// for x.  Measured (CUDA_NOTES runs 75-76, decode, three rounds): staged before the wait everywhere, 1.5B
+// 884 -> 926 tok/s (its rows: 7-10 KB a block) but 7B 426 -> 420 (16-24 KB); after the wait the 7B lost 4-7 %.
+// MINFER_CUDA_MV_STAGE=off|after|before forces a mode (A/B lever, read per call).
+int block_stage(const MatvecArgs& a, size_t* bytes) {
+    int mode = -1;
+    if (const char* v = std::getenv("MINFER_CUDA_MV_STAGE"); v && *v && std::strcmp(v, "auto")) {
+        if (!std::strcmp(v, "off")) mode = kStageOff;
+        else if (!std::strcmp(v, "after")) mode = kStageAfterWait;
+        else if (!std::strcmp(v, "before")) mode = kStageBeforeWait;
+        else throw MinferError(strfmt("MINFER_CUDA_MV_STAGE must be 'auto', 'off', 'after' or 'before', not '%s'", v));
+    }
+    int64_t rb_max = 0;
+    for (int p = 0; p < weight_parts(a); p++) {
+        if (a.part[p].rb % 4 || uintptr_t(a.part[p].W) % 16) return kStageOff;
+        rb_max = std::max(rb_max, a.part[p].rb);
+    }
+    *bytes = size_t(kBlockRows * rb_max + 16);
+    if (mode < 0) mode = *bytes <= 12 * 1024 ? kStageBeforeWait : kStageOff;
+    return mode != kStageOff && *bytes <= 48 * 1024 ? mode : kStageOff;
 }
 
 // Which kernel takes one activation row: the block kernel for K-quant rows of K >= 1024, the warp-per-row
@@ -363,8 +439,10 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     const XQ xq{x.q, x.ds, a.K};
     if (block_kernel_for(a)) {
         const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
+        size_t smem = 0;
+        const int stage = block_stage(a, &smem);
         launch("matvec_q8", block_kernel_build(a), dim3(unsigned((rows + per_block - 1) / per_block)),
-               dim3(32 * kMatvecWarps), 0, s, a, xq);
+               dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s, a, xq, stage);
     } else {
         launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
                dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a, xq);
