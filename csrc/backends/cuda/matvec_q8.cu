@@ -278,6 +278,8 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
     } else {
         while (p < a.n_parts && o >= a.part[p].n_out) o -= a.part[p++].n_out;
         if (p >= a.n_parts || o + kBlockRows > a.part[p].n_out) return false;
+        // a part whose first row is not a multiple of 4 blocks into the launch puts o off the 16-byte grid
+        if ((o * a.part[p].rb) % 16) return false;
     }
     const int regions = a.swiglu ? 2 : 1, rows = a.swiglu ? half : kBlockRows;
     int64_t off = 0;
