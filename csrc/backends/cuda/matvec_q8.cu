@@ -297,7 +297,7 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
 template <int T, int U>
 __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x,
                                                                                            int stage) {
-    extern __shared__ __align__(16) uint8_t wsm[];  // the staged rows (block_stage_bytes)
+    extern __shared__ __align__(16) uint8_t wsm[];  // the staged rows (block_stage sizes it)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     bool staged = false;
     // the weights are no earlier kernel's output: their copy may start before the wait and overlap it
