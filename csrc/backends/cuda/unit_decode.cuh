@@ -36,6 +36,17 @@ __device__ __forceinline__ void load16_a4(const uint8_t* p, uint32_t* w) {
 }
 __device__ __forceinline__ int byte_at(const uint32_t* w, int i) { return int((w[i / 4] >> (8 * (i % 4))) & 0xff); }
 
+// Q4_K/Q5_K: the four 6-bit scales (scw) and mins (mnw) of one half of a super-block (sub-blocks 0-3 if
+// lower, 4-7 if not), one per byte, from the scale words s0 s1 s2 -- whole words and no branch: the lanes
+// of a warp hold sub-blocks of both halves, and a branch ran the two unpackings one after the other
+// (CUDA_NOTES run 64).  Sub-block j's are bytes j % 4.
+__device__ __forceinline__ void k_scale_min_words(uint32_t s0, uint32_t s1, uint32_t s2, bool lower, uint32_t& scw,
+                                                  uint32_t& mnw) {
+    const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x03030303u;
+    scw = lower ? s0 & lo6 : (s2 & lo4) | (((s0 >> 6) & top2) << 4);
+    mnw = lower ? s1 & lo6 : ((s2 >> 4) & lo4) | (((s1 >> 6) & top2) << 4);
+}
+
 template <int T>
 __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int64_t u, Unit& U) {
     U.b = 0.0f;
@@ -113,12 +124,8 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
         const int j = int(u % 8);
         const uint32_t dm = *(const uint32_t*)b;
         const uint32_t s0 = ((const uint32_t*)b)[1], s1 = ((const uint32_t*)b)[2], s2 = ((const uint32_t*)b)[3];
-        // Sub-block j's 6-bit scale and min, picked out of whole words without a branch: a warp's lanes
-        // hold units of both halves of a super-block (j < 4, j >= 4), and a branch ran the two unpackings
-        // one after the other (as in matvec_q8.cu's Q4_K chunk, CUDA_NOTES run 64).
-        const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x03030303u;
-        const uint32_t scw = j < 4 ? s0 & lo6 : (s2 & lo4) | (((s0 >> 6) & top2) << 4);
-        const uint32_t mnw = j < 4 ? s1 & lo6 : ((s2 >> 4) & lo4) | (((s1 >> 6) & top2) << 4);
+        uint32_t scw, mnw;
+        k_scale_min_words(s0, s1, s2, j < 4, scw, mnw);
         const int sh = 8 * (j % 4);
         const int sc = int((scw >> sh) & 0xff), m = int((mnw >> sh) & 0xff);
         U.a_lo = U.a_hi = h2f(dm) * float(sc);
