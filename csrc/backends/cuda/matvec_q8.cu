@@ -191,10 +191,21 @@ __device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, 
     }
 }
 
+constexpr int kAnyType = -1;  // a kernel built with every weight type behind a switch (parts of mixed types)
+
+template <int T, int NR>
+__device__ __forceinline__ void row_dots_t(uint32_t type, const uint8_t* row, const XQ& x, int n_rows, int lane,
+                                           float (&acc)[NR]) {
+    if constexpr (T == kAnyType) row_dots_any<NR>(type, row, x, n_rows, lane, acc);
+    else row_dots<T, NR>(row, x, n_rows, lane, acc);
+}
+
 // One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.  Built for
 // one activation row with at most 40 registers, so that six blocks (48 warps) fit per SM: occupancy is what
-// this latency-bound loop pays for (CUDA_NOTES runs 32, 36).
-template <int NR>
+// this latency-bound loop pays for (CUDA_NOTES runs 32, 36).  Built per weight type T for one row: the build
+// with every type behind a switch spills 80 bytes at 40 registers since Q6_K's chunk changed (runs 72-73);
+// kAnyType for several activation rows, or parts of mixed types.
+template <int T, int NR>
 __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_kernel(MatvecArgs a, XQ x) {
     pdl_start();
     const int lane = threadIdx.x & 31;
@@ -204,8 +215,8 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
     float acc[NR], acc2[NR];
 #pragma unroll
     for (int r = 0; r < NR; r++) acc[r] = acc2[r] = 0.0f;
-    row_dots_any<NR>(A.type, A.W + row.o * A.rb, x, a.n_rows, lane, acc);
-    if (a.swiglu) row_dots_any<NR>(a.part[1].type, a.part[1].W + row.o * a.part[1].rb, x, a.n_rows, lane, acc2);
+    row_dots_t<T, NR>(A.type, A.W + row.o * A.rb, x, a.n_rows, lane, acc);
+    if (a.swiglu) row_dots_t<T, NR>(a.part[1].type, a.part[1].W + row.o * a.part[1].rb, x, a.n_rows, lane, acc2);
 #pragma unroll
     for (int r = 0; r < NR; r++) {
         acc[r] = warp_sum(acc[r]);
@@ -225,7 +236,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // by two (two chunks' loads in flight, 64 registers, four blocks per SM): for long rows only, where a lane
 // walks >= 4 chunks (Q4_K 3584 x 18944: 2.09 -> 2.37 TB/s; 3584-long rows lose 5-15 %).  U = 1 keeps Q6_K's
 // loop rolled (unrolled by the compiler it spills at 40 registers); U = 0 leaves the compiler's choice.
-constexpr int kBlockRows = 8, kLanesPerRow = 4, kAnyType = -1;
+constexpr int kBlockRows = 8, kLanesPerRow = 4;
 
 template <int T, int U>
 __device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
@@ -338,6 +349,21 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
 using MatvecKernel = void (*)(MatvecArgs, XQ);
 using BlockKernel = void (*)(MatvecArgs, XQ, int);
 
+MatvecKernel warp_kernel_build(const MatvecArgs& a) {
+    const uint32_t t = a.part[0].type;
+    bool one_type = a.n_rows == 1;
+    for (int p = 1; p < weight_parts(a); p++) one_type = one_type && a.part[p].type == t;
+    if (!one_type) return a.n_rows == 1 ? matvec_q8_kernel<kAnyType, 1> : matvec_q8_kernel<kAnyType, kR>;
+    switch (t) {
+        case GGML_TYPE_Q4_0: return matvec_q8_kernel<GGML_TYPE_Q4_0, 1>;
+        case GGML_TYPE_Q5_0: return matvec_q8_kernel<GGML_TYPE_Q5_0, 1>;
+        case GGML_TYPE_Q8_0: return matvec_q8_kernel<GGML_TYPE_Q8_0, 1>;
+        case GGML_TYPE_Q4_K: return matvec_q8_kernel<GGML_TYPE_Q4_K, 1>;
+        case GGML_TYPE_Q6_K: return matvec_q8_kernel<GGML_TYPE_Q6_K, 1>;
+        default: return matvec_q8_kernel<kAnyType, 1>;
+    }
+}
+
 BlockKernel block_kernel_build(const MatvecArgs& a) {
     const uint32_t t = a.part[0].type;
     for (int p = 1; p < weight_parts(a); p++)
@@ -441,7 +467,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         launch("matvec_q8", block_kernel_build(a), dim3(unsigned((rows + per_block - 1) / per_block)),
                dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s, a, xq, stage);
     } else {
-        launch("matvec_q8", a.n_rows == 1 ? matvec_q8_kernel<1> : matvec_q8_kernel<kR>,
+        launch("matvec_q8", warp_kernel_build(a),
                dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a, xq);
     }
 }
