@@ -377,7 +377,7 @@ def test_bad_token_id_is_an_error(q15):
 # ---- rung 2: whole forward passes ------------------------------------------------------------
 
 def forward(model, device, prompt, steps, **kw):
-    s = M.Session(model, threads=4, n_ctx=256, device=device, **kw)
+    s = M.Session(model, threads=4, n_ctx=kw.pop("n_ctx", 256), device=device, **kw)
     out = [s.eval(prompt, 0, all_logits=True)]
     pos, tok = len(prompt), int(np.argmax(out[0][-1]))
     for _ in range(steps):
@@ -446,6 +446,16 @@ def test_graph_replay_is_exact(q05_model, rng, monkeypatch):
     monkeypatch.setenv("MINFER_CUDA_GRAPHS", "0")
     without, _ = forward(q05_model, "cuda", prompt, 12)
     assert np.array_equal(with_graphs, without)
+
+
+def test_long_cache_short_context(q05_model, rng):
+    """Decode attention has a split per 128 positions of the whole cache; the splits past the position hold
+    nothing and are never merged.  A 9-token prompt and 12 steps in a cache of 8192 positions (64 splits,
+    63 of them empty) give the logits of a 256-position cache (2 splits) bit for bit."""
+    prompt = rng.integers(0, 151936, size=9).astype(np.int32)
+    short, _ = forward(q05_model, "cuda", prompt, 12)
+    long, _ = forward(q05_model, "cuda", prompt, 12, n_ctx=8192)
+    assert np.array_equal(short, long)
 
 
 def test_mixed_graph_splits(q05_model, rng, monkeypatch):
