@@ -448,13 +448,15 @@ def test_graph_replay_is_exact(q05_model, rng, monkeypatch):
     assert np.array_equal(with_graphs, without)
 
 
-def test_long_cache_short_context(q05_model, rng):
+@pytest.mark.parametrize("kv_type", ["f16", "q8_0"])
+def test_long_cache_short_context(q05_model, rng, kv_type):
     """Decode attention has a split per 128 positions of the whole cache; the splits past the position hold
     nothing and are never merged.  A 9-token prompt and 12 steps in a cache of 8192 positions (64 splits,
-    63 of them empty) give the logits of a 256-position cache (2 splits) bit for bit."""
+    63 of them empty) give the logits of a 256-position cache (2 splits) bit for bit, with the f16 cache's
+    kernel and with the general one (q8_0 cache)."""
     prompt = rng.integers(0, 151936, size=9).astype(np.int32)
-    short, _ = forward(q05_model, "cuda", prompt, 12)
-    long, _ = forward(q05_model, "cuda", prompt, 12, n_ctx=8192)
+    short, _ = forward(q05_model, "cuda", prompt, 12, kv_type=kv_type)
+    long, _ = forward(q05_model, "cuda", prompt, 12, n_ctx=8192, kv_type=kv_type)
     assert np.array_equal(short, long)
 
 

@@ -90,6 +90,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
         if (S > 1 && threadIdx.x == 0) { part[0] = -INFINITY; part[1] = 0.0f; }
         return;
     }
+    if (z * kChunk > p) return;  // nothing visible: the combine reads only splits z <= p / kChunk
     for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = q[int64_t(r) * ldq + int64_t(h) * hd + d];
     __syncthreads();
 
