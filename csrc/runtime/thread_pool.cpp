@@ -1,6 +1,7 @@
 #include "runtime/thread_pool.h"
 
 #include <fstream>
+#include <memory>
 #include <set>
 #include <string>
 #include <utility>
@@ -91,6 +92,54 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
     while (busy_workers_.load(std::memory_order_acquire) != 0) cpu_relax();
     job_ = nullptr;
     if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+}
+
+namespace {
+// A share's remaining items [lo, hi), packed into one word so that front and back claims cannot overlap.
+uint64_t pack(uint64_t lo, uint64_t hi) { return lo | hi << 32; }
+
+bool claim(std::atomic<uint64_t>& share, int64_t grain, bool front, int64_t* first, int64_t* last) {
+    uint64_t v = share.load(std::memory_order_relaxed);
+    for (;;) {
+        const int64_t lo = int64_t(v & 0xffffffffu), hi = int64_t(v >> 32);
+        if (lo >= hi) return false;
+        // the owner takes a sixteenth of what is left (long runs, few claims), down to `grain`; a thief `grain`
+        int64_t take = front && (hi - lo) / 16 > grain ? (hi - lo) / 16 : grain;
+        take = hi - lo < take ? hi - lo : take;
+        const uint64_t nv = front ? pack(uint64_t(lo + take), uint64_t(hi)) : pack(uint64_t(lo), uint64_t(hi - take));
+        if (share.compare_exchange_weak(v, nv, std::memory_order_relaxed)) {
+            *first = front ? lo : hi - take;
+            *last = front ? lo + take : hi;
+            return true;
+        }
+    }
+}
+}  // namespace
+
+void ThreadPool::parallel_ranges(int64_t n, int64_t grain,
+                                 const std::function<void(int64_t, int64_t, int)>& fn) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    const int T = n_threads_;
+    if (T == 1) return fn(0, n, 0);
+    std::unique_ptr<std::atomic<uint64_t>[]> shares(new std::atomic<uint64_t>[size_t(T)]);
+    for (int t = 0; t < T; t++) shares[size_t(t)].store(pack(uint64_t(n * t / T), uint64_t(n * (t + 1) / T)));
+    // one task per share: whoever takes task k owns share k
+    parallel_for(T, [&](int64_t k, int thread) {
+        int64_t a, b;
+        while (claim(shares[size_t(k)], grain, true, &a, &b)) fn(a, b, thread);
+        for (;;) {  // then from the back of the share with the most left
+            int victim = -1;
+            int64_t most = 0;
+            for (int t = 0; t < T; t++) {
+                const uint64_t v = shares[size_t(t)].load(std::memory_order_relaxed);
+                const int64_t left = int64_t(v >> 32) - int64_t(v & 0xffffffffu);
+                if (left > most) most = left, victim = t;
+            }
+            if (victim < 0) return;
+            if (claim(shares[size_t(victim)], grain, false, &a, &b)) fn(a, b, thread);
+        }
+    });
 }
 
 int physical_cores() {

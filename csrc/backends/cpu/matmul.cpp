@@ -35,6 +35,16 @@ static bool tiles_from_env() {
     throw MinferError(strfmt("MINFER_CPU_TILE must be 0 or 1, got '%s'", v));
 }
 
+// MINFER_CPU_SPLIT=ranges|tasks: how a decode matvec's rows are shared between threads -- one forward run a
+// thread with the tail balanced by claims from its back (ranges, the default), or two fixed tasks a thread
+// claimed in turn (tasks, the old way).  Read per call (an A/B lever; the results are the same bits).
+static bool split_from_env() {
+    const char* v = std::getenv("MINFER_CPU_SPLIT");
+    if (!v || !*v || !std::strcmp(v, "ranges")) return true;
+    if (!std::strcmp(v, "tasks")) return false;
+    throw MinferError(strfmt("MINFER_CPU_SPLIT must be 'ranges' or 'tasks', got '%s'", v));
+}
+
 void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, int64_t x_ld, int64_t n_tok,
                  ThreadPool& pool, const DotKernels& kernels) {
     static const bool tiles = tiles_from_env();
@@ -98,16 +108,10 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
     std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
     for (int j = 0; j < n_jobs; j++)
         first_tile[size_t(j) + 1] = first_tile[size_t(j)] + (jobs[j].rows + kRows - 1) / kRows * tok_tiles;
-    pool.parallel_for(first_tile[size_t(n_jobs)], [&](int64_t task, int) {
-        int j = 0;
-        while (task >= first_tile[size_t(j) + 1]) j++;
+    // rows [r0, r1) of job j for tokens [t0, t1)
+    auto block = [&](int j, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         const MatJob& job = jobs[j];
         const Act& a = acts[size_t(act_of[size_t(j)])];
-        const int64_t local = task - first_tile[size_t(j)];
-        const int64_t row_tiles = (job.rows + kRows - 1) / kRows;
-        const int64_t r0 = (local % row_tiles) * kRows, t0 = (local / row_tiles) * kTok;
-        const int64_t r1 = r0 + kRows < job.rows ? r0 + kRows : job.rows;
-        const int64_t t1 = t0 + kTok < n_tok ? t0 + kTok : n_tok;
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
         const vec_dot_rows_fn rows = kernels.rows[job.type];
@@ -140,6 +144,30 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
             float* yt = job.y + t * job.y_ld;
             for (int64_t r = r0; r < r1; r++) yt[r] = dot(cols, wb + size_t(r) * w_row, ap);
         }
+    };
+    if (n_tok <= 16 && split_from_env()) {
+        // Decode: the jobs' rows in groups of 16, one forward run per thread, the slower run's tail taken from
+        // its back by the thread done first (parallel_ranges); claims of 4 groups (64 rows, 32-80 KB).
+        std::vector<int64_t> first_group(size_t(n_jobs) + 1, 0);
+        for (int j = 0; j < n_jobs; j++) first_group[size_t(j) + 1] = first_group[size_t(j)] + (jobs[j].rows + 15) / 16;
+        pool.parallel_ranges(first_group[size_t(n_jobs)], 4, [&](int64_t g0, int64_t g1, int) {
+            for (int j = 0; j < n_jobs && g0 < g1; j++) {
+                if (g0 >= first_group[size_t(j) + 1]) continue;
+                const int64_t e = g1 < first_group[size_t(j) + 1] ? g1 : first_group[size_t(j) + 1];
+                const int64_t r0 = (g0 - first_group[size_t(j)]) * 16, r1 = (e - first_group[size_t(j)]) * 16;
+                block(j, r0, r1 < jobs[j].rows ? r1 : jobs[j].rows, 0, n_tok);
+                g0 = e;
+            }
+        });
+        return;
+    }
+    pool.parallel_for(first_tile[size_t(n_jobs)], [&](int64_t task, int) {
+        int j = 0;
+        while (task >= first_tile[size_t(j) + 1]) j++;
+        const int64_t local = task - first_tile[size_t(j)];
+        const int64_t row_tiles = (jobs[j].rows + kRows - 1) / kRows;
+        const int64_t r0 = (local % row_tiles) * kRows, t0 = (local / row_tiles) * kTok;
+        block(j, r0, r0 + kRows < jobs[j].rows ? r0 + kRows : jobs[j].rows, t0, t0 + kTok < n_tok ? t0 + kTok : n_tok);
     });
 }
 
