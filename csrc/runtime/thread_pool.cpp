@@ -1,5 +1,7 @@
 #include "runtime/thread_pool.h"
 
+#include "common/error.h"
+
 #include <fstream>
 #include <memory>
 #include <set>
@@ -119,6 +121,7 @@ bool claim(std::atomic<uint64_t>& share, int64_t grain, bool front, int64_t* fir
 void ThreadPool::parallel_ranges(int64_t n, int64_t grain,
                                  const std::function<void(int64_t, int64_t, int)>& fn) {
     if (n <= 0) return;
+    if (n >> 32) throw MinferError(strfmt("parallel_ranges: %lld items (at most 2^32 - 1)", (long long)n));
     if (grain < 1) grain = 1;
     const int T = n_threads_;
     if (T == 1) return fn(0, n, 0);

@@ -27,11 +27,12 @@ class ThreadPool {
 
     int size() const { return n_threads_; }
     void parallel_for(int64_t n_tasks, const std::function<void(int64_t task, int thread)>& fn);
-    // Items [0, n) cut into one contiguous share per thread.  A share's owner walks it from the front, `grain`
-    // items a claim; a thread whose share is done takes claims from the back of the share with the most left,
-    // so the threads finish together while each still reads one long forward run (a decode matvec's rows:
-    // equal shares finish apart by however much faster one core's memory is that moment).
-    // fn(first, last, thread) runs once per claim [first, last).  n < 2^32.
+    // Items [0, n) cut into one contiguous share per thread.  A share's owner walks it from the front, a
+    // sixteenth of what is left a claim (at least `grain` items); a thread whose share is done takes `grain`
+    // items a claim from the back of the share with the most left, so the threads finish together while each
+    // still reads one long forward run (a decode matvec's rows: equal shares finish apart by however much
+    // faster one core's memory is that moment).  fn(first, last, thread) runs once per claim [first, last).
+    // n < 2^32.
     void parallel_ranges(int64_t n, int64_t grain, const std::function<void(int64_t first, int64_t last, int thread)>& fn);
 
   private:

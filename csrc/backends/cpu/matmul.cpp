@@ -147,7 +147,7 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
     };
     if (n_tok <= 16 && split_from_env()) {
         // Decode: the jobs' rows in groups of 16, one forward run per thread, the slower run's tail taken from
-        // its back by the thread done first (parallel_ranges); claims of 4 groups (64 rows, 32-80 KB).
+        // its back by the thread done first, 4 groups (64 rows, 32-80 KB) a claim (parallel_ranges).
         std::vector<int64_t> first_group(size_t(n_jobs) + 1, 0);
         for (int j = 0; j < n_jobs; j++) first_group[size_t(j) + 1] = first_group[size_t(j)] + (jobs[j].rows + 15) / 16;
         pool.parallel_ranges(first_group[size_t(n_jobs)], 4, [&](int64_t g0, int64_t g1, int) {
