@@ -85,29 +85,6 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         a.p = a.buf.data();
     }
 
-    // Tiles: kRows weight rows x kTok tokens, numbered job by job.  Prefill runs
-    // 16 rows x 64 tokens: the rows come from memory (a 1.5B FFN's two matrices
-    // are 15.5 MB, past this machine's L3) once per token tile and from L1/L2 for
-    // the tile's other tokens, while 64 tokens' activations stay in L2 (512-token
-    // prefill, 1.5B / 0.5B: +9 / +7 % over 16 x 16 with the prefetch below; 128
-    // tokens measured the same).  A decode step or a short prompt streams each
-    // weight once: there the longest runs of rows help the memory system most
-    // (each thread's stream stays ahead of the prefetchers): two tasks per thread
-    // per matrix.  Decode at 2 threads, against the 8 tasks of <= 256 rows before:
-    // 1.5B 18.0 -> 19.1, 0.5B 37.2 -> 39.4, SmolLM2 86 -> 91 tok/s (+6 %); one
-    // task per thread measured the same as two, which keep some balance.
-    constexpr int64_t kTok = 64;
-    int64_t kRows = 16;
-    if (n_tok <= 16) {
-        int64_t max_rows = 0;
-        for (int j = 0; j < n_jobs; j++) max_rows = jobs[j].rows > max_rows ? jobs[j].rows : max_rows;
-        kRows = max_rows / (2 * int64_t(pool.size())) / 16 * 16;
-        kRows = kRows < 16 ? 16 : kRows;
-    }
-    const int64_t tok_tiles = (n_tok + kTok - 1) / kTok;
-    std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
-    for (int j = 0; j < n_jobs; j++)
-        first_tile[size_t(j) + 1] = first_tile[size_t(j)] + (jobs[j].rows + kRows - 1) / kRows * tok_tiles;
     // rows [r0, r1) of job j for tokens [t0, t1)
     auto block = [&](int j, int64_t r0, int64_t r1, int64_t t0, int64_t t1) {
         const MatJob& job = jobs[j];
@@ -161,6 +138,30 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         });
         return;
     }
+    // Tiles: kRows weight rows x kTok tokens, numbered job by job.  Prefill runs
+    // 16 rows x 64 tokens: the rows come from memory (a 1.5B FFN's two matrices
+    // are 15.5 MB, past this machine's L3) once per token tile and from L1/L2 for
+    // the tile's other tokens, while 64 tokens' activations stay in L2 (512-token
+    // prefill, 1.5B / 0.5B: +9 / +7 % over 16 x 16 with the prefetch below; 128
+    // tokens measured the same).  A decode step or a short prompt streams each
+    // weight once (here only with MINFER_CPU_SPLIT=tasks; the ranges above are the
+    // default): there the longest runs of rows help the memory system most
+    // (each thread's stream stays ahead of the prefetchers): two tasks per thread
+    // per matrix.  Decode at 2 threads, against the 8 tasks of <= 256 rows before:
+    // 1.5B 18.0 -> 19.1, 0.5B 37.2 -> 39.4, SmolLM2 86 -> 91 tok/s (+6 %); one
+    // task per thread measured the same as two, which keep some balance.
+    constexpr int64_t kTok = 64;
+    int64_t kRows = 16;
+    if (n_tok <= 16) {
+        int64_t max_rows = 0;
+        for (int j = 0; j < n_jobs; j++) max_rows = jobs[j].rows > max_rows ? jobs[j].rows : max_rows;
+        kRows = max_rows / (2 * int64_t(pool.size())) / 16 * 16;
+        kRows = kRows < 16 ? 16 : kRows;
+    }
+    const int64_t tok_tiles = (n_tok + kTok - 1) / kTok;
+    std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
+    for (int j = 0; j < n_jobs; j++)
+        first_tile[size_t(j) + 1] = first_tile[size_t(j)] + (jobs[j].rows + kRows - 1) / kRows * tok_tiles;
     pool.parallel_for(first_tile[size_t(n_jobs)], [&](int64_t task, int) {
         int j = 0;
         while (task >= first_tile[size_t(j) + 1]) j++;

@@ -349,11 +349,16 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
 using MatvecKernel = void (*)(MatvecArgs, XQ);
 using BlockKernel = void (*)(MatvecArgs, XQ, int);
 
+// The weight type every part of the launch has, or kAnyType where they differ.
+int launch_type(const MatvecArgs& a) {
+    for (int p = 1; p < weight_parts(a); p++)
+        if (a.part[p].type != a.part[0].type) return kAnyType;
+    return int(a.part[0].type);
+}
+
 MatvecKernel warp_kernel_build(const MatvecArgs& a) {
-    const uint32_t t = a.part[0].type;
-    bool one_type = a.n_rows == 1;
-    for (int p = 1; p < weight_parts(a); p++) one_type = one_type && a.part[p].type == t;
-    if (!one_type) return a.n_rows == 1 ? matvec_q8_kernel<kAnyType, 1> : matvec_q8_kernel<kAnyType, kR>;
+    const int t = a.n_rows == 1 ? launch_type(a) : kAnyType;
+    if (t == kAnyType) return a.n_rows == 1 ? matvec_q8_kernel<kAnyType, 1> : matvec_q8_kernel<kAnyType, kR>;
     switch (t) {
         case GGML_TYPE_Q4_0: return matvec_q8_kernel<GGML_TYPE_Q4_0, 1>;
         case GGML_TYPE_Q5_0: return matvec_q8_kernel<GGML_TYPE_Q5_0, 1>;
@@ -365,9 +370,7 @@ MatvecKernel warp_kernel_build(const MatvecArgs& a) {
 }
 
 BlockKernel block_kernel_build(const MatvecArgs& a) {
-    const uint32_t t = a.part[0].type;
-    for (int p = 1; p < weight_parts(a); p++)
-        if (a.part[p].type != t) return matvec_q8_block_kernel<kAnyType, 0>;
+    const int t = launch_type(a);
     const bool long_rows = a.K >= 8192;
     switch (t) {
         case GGML_TYPE_Q4_0: return matvec_q8_block_kernel<GGML_TYPE_Q4_0, 0>;
