@@ -1,8 +1,9 @@
 // The decode matvec kernels for one activation row (matvec_q8.cu, included whole) at the real layouts' shapes,
 // on weights that come from DRAM as in a decode step: each timed call takes the next of enough copies of the
 // matrix to overflow the 50 MB L2 (bench_cuda.py --kernels repeats one matrix, which the L2 holds for the
-// smaller shapes).  Both kernels are forced by MINFER_CUDA_MV (the block kernel also with its rows not staged
-// in shared memory, or staged before the PDL wait: MINFER_CUDA_MV_STAGE); "max diff" is the block kernel's distance from
+// smaller shapes).  Both kernels are forced by MINFER_CUDA_MV ("block": as the rule picks among the block and
+// pipe kernels and staging; the block kernel also with its rows not staged in shared memory, or staged before
+// the PDL wait: MINFER_CUDA_MV_STAGE; the pipe kernel on Q6_K too: MINFER_CUDA_MV_PIPE=all); "max diff" is the distance from
 // the warp kernel's result (sums in another order).  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
 //        benchmarks/matvec_probe.cu csrc/common/error.cpp csrc/quant/types.cpp && /tmp/matvec_probe
@@ -82,12 +83,18 @@ int main() {
         timeit("warp", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
         setenv("MINFER_CUDA_MV", "block", 1);
         timeit("block", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-        for (const char* st : {"off", "before"}) {  // the rows read from global memory / staged before the wait
+        // the block kernel with its rows read from global memory, or staged before the wait; the pipe kernel also
+        // on Q6_K alone
+        for (const char* st : {"off", "before"}) {
             setenv("MINFER_CUDA_MV_STAGE", st, 1);
+            setenv("MINFER_CUDA_MV_PIPE", "0", 1);
             const std::string label = std::string("block ") + st;
             timeit(label.c_str(), [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
         }
         unsetenv("MINFER_CUDA_MV_STAGE");
+        setenv("MINFER_CUDA_MV_PIPE", "all", 1);
+        timeit("pipe all", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
+        unsetenv("MINFER_CUDA_MV_PIPE");
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) printf("CUDA error %s\n", cudaGetErrorString(e));
         cudaFree(W); cudaFree(scratch); cudaFree(y); cudaFree(y0);

@@ -126,13 +126,37 @@ def test_one_row_matvec_lever(rng, monkeypatch):
         M.cuda_matmul(t, w, x, 64, path="q8")
 
 
+@pytest.mark.parametrize("wtype,n,k,pipe", [("q4_k", 1003, 2048, "1"), ("q4_k", 4608, 3584, "1"), ("q4_k", 64, 7936, "1"),
+                                            ("q4_k", 13, 256, "1"), ("q4_k", 16, 18944, "1"), ("q6_k", 300, 3584, "all")])
+def test_pipe_matvec(rng, monkeypatch, wtype, n, k, pipe):
+    """Rows with x in shared memory and each lane's Q4_K weights loaded a chunk ahead (the pipe kernel) give
+    exactly the block kernel's sums -- the same chunks per lane, summed in the same order -- with rows that end
+    mid-block, rows shorter than a block's 32 lane slots (K = 256), rows of 8192 or more (K = 18944: the block
+    kernel takes them) and Q6_K rows (walked as the block kernel walks them; only with the lever at 'all');
+    within the float64 bound; a bad lever value is an error."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_STAGE", "off")
+    res = {}
+    for v in ("0", pipe):
+        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
+        res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    assert np.array_equal(res["0"], res[pipe])
+    check_against_float64(rng, wtype, n, k, 1, "q8")
+    monkeypatch.setenv("MINFER_CUDA_MV_PIPE", "yes")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_PIPE must be 0, 1 or all"):
+        M.cuda_matmul(t, w, x, n, path="q8")
+
+
 @pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q6_k", 300, 3584),
                                        ("q4_k", 64, 8960)])
 def test_block_matvec_staging(rng, monkeypatch, wtype, n, k):
     """The block kernel's weight rows copied into shared memory first (before the PDL wait or after it)
     give exactly the sums the reads from global memory give -- the same loads, another place --
     including row counts whose last block is not staged (1003, 13, 300 rows); unset, rows of at most
-    12 KB a block (8 rows) are staged before the wait and longer ones not; a bad value is an error."""
+    12 KB a block (8 rows) are staged before the wait and longer ones not (Q4_K rows shorter than 8192 take
+    the pipe kernel instead, with the same bits); a bad value is an error."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
@@ -241,7 +265,7 @@ def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
         monkeypatch.setenv("MINFER_CUDA_MV", kernel)
     m, s = q15
     x = rng.standard_normal((n, 1536)).astype(np.float32)
-    L = "blk.4."
+    L = "blk.5."  # its v is Q6_K
     fused = s.run_ops("cuda", [x], [dict(op="FusedQKV", inputs=[0], rows=n, cols=1536 + 512, meta=dict(
         wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
         bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256))])[-1]
@@ -257,6 +281,28 @@ def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
         dict(op="MatMul", inputs=[0], rows=n, cols=8960, meta=dict(weight=L + "ffn_up.weight")),
         dict(op="SwiGLU", inputs=[1, 2], rows=n, cols=8960)])[-1]
     close(ffn, ref, 3e-2)
+
+
+def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
+    """The pipe kernel on the decode launches with several parts -- q, k and v of types Q4_K / Q4_K / Q6_K in
+    one launch, gate and up with SwiGLU -- gives the block kernel's bits."""
+    m, s = q15
+    x = rng.standard_normal((1, 1536)).astype(np.float32)
+    L = "blk.5."
+    nodes = [dict(op="FusedQKV", inputs=[0], rows=1, cols=1536 + 512, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256)),
+             dict(op="FusedFFN", inputs=[0], rows=1, cols=8960,
+                  meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
+    g = minfer.gguf.open(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+    assert [g.tensors[L + f"attn_{p}.weight"].type for p in "qkv"] == [12, 12, 14]  # Q4_K, Q4_K, Q6_K
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    out = {}
+    for v in ("0", "1"):
+        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
+        out[v] = s.run_ops("cuda", [x], nodes)
+    for a, b in zip(out["0"], out["1"]):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("rows,first", [(1, 700), (3, 40), (300, 200)], ids=["decode-split", "decode3", "prefill"])

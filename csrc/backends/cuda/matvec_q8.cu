@@ -41,6 +41,57 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int6
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
 
+// Unsigned bytes of a times signed bytes of b, plus c (PTX dp4a.u32.s32; the intrinsic has only the forms with
+// both sides of one signedness).
+__device__ __forceinline__ int dp4a_us(uint32_t a, int b, int c) {
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// A Q4_K chunk's weight bytes (sub-blocks 2g and 2g + 1 of super-block c / 4, g = c % 4): the super-block's
+// header (d, dmin, the 12 bytes of 6-bit scales and mins) and the 32 bytes of nibbles the two share.
+struct Q4kChunk {
+    uint4 hdr, q0, q1;
+};
+
+__device__ __forceinline__ Q4kChunk q4k_load(const uint8_t* __restrict__ row, int c) {
+    const uint8_t* b = row + int64_t(c / 4) * 144;
+    const uint4* q = (const uint4*)(b + 16 + 32 * (c % 4));
+    return Q4kChunk{*(const uint4*)b, q[0], q[1]};
+}
+
+// The chunk dotted with x (xq: the row's int8 values, ds: its block scales): w = d sc q - dmin m.  The high
+// nibbles are dotted in place (w & 0xf0 = 16 q, as unsigned bytes): their sum is 16 times the nibbles' sum,
+// exact in an int (|16 sum| <= 240 * 127 * 32) and in a float (< 2^24), and scaling by 1/16 is exact, so the
+// result has the bits of shifting each word down first -- without the 8 shifts a chunk.
+__device__ __forceinline__ float q4k_dot(const Q4kChunk& w, int c, const int8_t* __restrict__ xq,
+                                         const float2* __restrict__ ds) {
+    const int g = c % 4, j = 2 * g;
+    const uint32_t q[8] = {w.q0.x, w.q0.y, w.q0.z, w.q0.w, w.q1.x, w.q1.y, w.q1.z, w.q1.w};
+    const int4* xp = (const int4*)(xq + c * 64);
+    const int4 xa = xp[0], xb = xp[1], xc = xp[2], xe = xp[3];
+    const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
+    const int x_hi[8] = {xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w};
+    int s0 = 0, s1 = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        s0 = dp4a(int(q[i] & 0x0f0f0f0fu), x_lo[i], s0);
+        s1 = dp4a_us(q[i] & 0xf0f0f0f0u, x_hi[i], s1);
+    }
+    // the 6-bit scales and mins of sub-blocks j and j + 1 (j even), without a branch (run 64: Q4_K
+    // 3584 x 18944 from DRAM 15.2 -> 14.5 us, 18944 x 3584 14.9 -> 14.4)
+    uint32_t scw, mnw;
+    k_scale_min_words(w.hdr.y, w.hdr.z, w.hdr.w, j < 4, scw, mnw);
+    const int sh = 8 * (j % 4);
+    const int sc0 = int((scw >> sh) & 0xff), sc1 = int((scw >> (sh + 8)) & 0xff);
+    const int m0 = int((mnw >> sh) & 0xff), m1 = int((mnw >> (sh + 8)) & 0xff);
+    const float4 xd = *(const float4*)(ds + c * 2);  // (d, d sum) of both sub-blocks
+    const uint32_t dm = w.hdr.x;
+    return h2f(dm) * (float(sc0) * xd.x * float(s0) + float(sc1) * xd.z * (float(s1) * 0.0625f)) -
+           h2f(dm >> 16) * (float(m0) * xd.y + float(m1) * xd.w);
+}
+
 // N words (4N bytes) at a 2-byte aligned address (the packed 18/22/34/210-byte blocks) from N + 1
 // aligned 32-bit loads and funnel shifts, instead of 2N 16-bit loads.  Reads up to 4 bytes past the
 // field: into the next block, or past a tensor's last block into the weight arena's slack.
@@ -108,33 +159,7 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         const float2 xd = ds[c];
         return f16_at(b) * (xd.x * float(s) - (T == GGML_TYPE_Q4_0 ? 8.0f : 16.0f) * xd.y);
     } else if constexpr (T == GGML_TYPE_Q4_K) {
-        // chunk = sub-blocks 2g (low nibbles) and 2g + 1 (high) of super-block c / 4: w = d sc q - dmin m
-        const uint8_t* b = row + int64_t(c / 4) * 144;
-        const int g = c % 4, j = 2 * g;
-        const uint4 hdr = *(const uint4*)b;
-        const uint32_t dm = hdr.x;
-        const uint4 q0 = ((const uint4*)(b + 16 + 32 * g))[0], q1 = ((const uint4*)(b + 16 + 32 * g))[1];
-        const uint32_t w[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-        const int4* xp = (const int4*)(xq + c * 64);
-        const int4 xa = xp[0], xb = xp[1], xc = xp[2], xe = xp[3];
-        const int x_lo[8] = {xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w};
-        const int x_hi[8] = {xc.x, xc.y, xc.z, xc.w, xe.x, xe.y, xe.z, xe.w};
-        int s0 = 0, s1 = 0;
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            s0 = dp4a(int(w[i] & 0x0f0f0f0fu), x_lo[i], s0);
-            s1 = dp4a(int((w[i] >> 4) & 0x0f0f0f0fu), x_hi[i], s1);
-        }
-        // the 6-bit scales and mins of sub-blocks j and j + 1 (j even), without a branch (run 64: Q4_K
-        // 3584 x 18944 from DRAM 15.2 -> 14.5 us, 18944 x 3584 14.9 -> 14.4)
-        uint32_t scw, mnw;
-        k_scale_min_words(hdr.y, hdr.z, hdr.w, j < 4, scw, mnw);
-        const int sh = 8 * (j % 4);
-        const int sc0 = int((scw >> sh) & 0xff), sc1 = int((scw >> (sh + 8)) & 0xff);
-        const int m0 = int((mnw >> sh) & 0xff), m1 = int((mnw >> (sh + 8)) & 0xff);
-        const float4 xd = *(const float4*)(ds + c * 2);  // (d, d sum) of both sub-blocks
-        return h2f(dm) * (float(sc0) * xd.x * float(s0) + float(sc1) * xd.z * float(s1)) -
-               h2f(dm >> 16) * (float(m0) * xd.y + float(m1) * xd.w);
+        return q4k_dot(q4k_load(row, c), c, xq, ds);
     } else {
         // Q6_K: chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half + kk, kk in {0, 1}): the low
         // and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4 of the same 32 bytes of
@@ -346,6 +371,86 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     store_warp_row(a, out, &s, &s2);
 }
 
+// The block kernel's layout for Q4_K rows with x in shared memory and each lane's weights loaded one chunk
+// ahead into registers.  Under ncu the block kernel kept its schedulers issuing half the cycles and stalled
+// mostly on long scoreboards: a lane loaded a chunk, waited a DRAM round trip, then spent ~100 instructions
+// on it before it asked for the next (CUDA_NOTES run 86).  Here a lane asks for chunk i + 1 before it
+// computes chunk i, and its first chunk before the PDL wait (the weights are no kernel's output: those
+// loads overlap the kernel before).  x comes from shared memory, copied once a block after the wait, so its
+// 20 registers a chunk are not held across the loads.  Lane mapping: k = lane / 8 (the chunk of four), r =
+// lane % 8 (the row), so the eight lanes of a shared-memory phase read one address.  Each lane adds the same
+// chunks in the same order as the block kernel, and the four lanes of a row and the warps are summed in the
+// same order: the same bits.
+__global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
+    extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
+    __shared__ float sums[kMatvecWarps][kBlockRows];
+    constexpr int half = kBlockRows / 2;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane / 8, r = lane % 8;
+    const WarpRow row = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + r % half)
+                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + r);
+    const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;
+    int c = k + kLanesPerRow * warp;
+    const uint8_t* w = nullptr;
+    bool q4k = false;  // else a Q6_K part (the 7B's V rows in some layers' QKV): walked as the block kernel does
+    Q4kChunk cur{};
+    if (row.live) {
+        const MatvecPart& A = a.part[a.swiglu ? r / half : row.p];
+        w = A.W + row.o * A.rb;
+        q4k = A.type == GGML_TYPE_Q4_K;
+        if (q4k && c < chunks) cur = q4k_load(w, c);
+    }
+    pdl_start();
+    uint8_t* dsm = xsm + x.K;  // K % 64 == 0: 16-byte aligned
+    for (int i = threadIdx.x; i < int(x.K / 16); i += blockDim.x) ((uint4*)xsm)[i] = ((const uint4*)x.q)[i];
+    for (int i = threadIdx.x; i < int(x.K / 64); i += blockDim.x) ((uint4*)dsm)[i] = ((const uint4*)x.ds)[i];
+    __syncthreads();
+    float acc = 0.0f;
+    if (row.live && !q4k) acc = lane_chunks<GGML_TYPE_Q6_K, 1>(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
+    else if (row.live)
+        for (; c < chunks; c += step) {
+            Q4kChunk nxt{};
+            if (c + step < chunks) nxt = q4k_load(w, c + step);
+            acc += q4k_dot(cur, c, (const int8_t*)xsm, (const float2*)dsm);
+            cur = nxt;
+        }
+    acc += __shfl_xor_sync(0xffffffffu, acc, 16);  // lanes k ^ 2, then k ^ 1: the block kernel's order
+    acc += __shfl_xor_sync(0xffffffffu, acc, 8);
+    if (k == 0) sums[warp][r] = acc;
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t >= (a.swiglu ? half : kBlockRows)) return;
+    const WarpRow out = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + t)
+                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + t);
+    if (!out.live) return;
+    float s = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int v = 0; v < kMatvecWarps; v++) {
+        s += sums[v][t];
+        if (a.swiglu) s2 += sums[v][t + half];
+    }
+    store_warp_row(a, out, &s, &s2);
+}
+
+// Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
+// ones keep the block kernel unrolled by two: K = 18944 ran 13.7 -> 18.9 us here), every part Q4_K or Q6_K and
+// at least one Q4_K (MINFER_CUDA_MV_PIPE=all: Q6_K alone too).  MINFER_CUDA_MV_PIPE=0 keeps the block kernel
+// (A/B lever, read per call).
+bool pipe_kernel_for(const MatvecArgs& a) {
+    bool all = false;
+    if (const char* v = std::getenv("MINFER_CUDA_MV_PIPE"); v && *v) {
+        if (!std::strcmp(v, "0")) return false;
+        if (!std::strcmp(v, "all")) all = true;
+        else if (std::strcmp(v, "1"))
+            throw MinferError(strfmt("MINFER_CUDA_MV_PIPE must be 0, 1 or all, not '%s'", v));
+    }
+    bool q4k = false;
+    for (int p = 0; p < weight_parts(a); p++) {
+        if (a.part[p].type != GGML_TYPE_Q4_K && a.part[p].type != GGML_TYPE_Q6_K) return false;
+        q4k |= a.part[p].type == GGML_TYPE_Q4_K;
+    }
+    return (q4k || all) && a.K < 8192;
+}
+
 using MatvecKernel = void (*)(MatvecArgs, XQ);
 using BlockKernel = void (*)(MatvecArgs, XQ, int);
 
@@ -390,9 +495,11 @@ BlockKernel block_kernel_build(const MatvecArgs& a) {
 // for x.  Measured (CUDA_NOTES runs 75-76, decode, three rounds): staged before the wait everywhere, 1.5B
 // 884 -> 926 tok/s (its rows: 7-10 KB a block) but 7B 426 -> 420 (16-24 KB); after the wait the 7B lost 4-7 %.
 // MINFER_CUDA_MV_STAGE=off|after|before forces a mode (A/B lever, read per call).
-int block_stage(const MatvecArgs& a, size_t* bytes) {
+int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
     int mode = -1;
+    *forced = false;
     if (const char* v = std::getenv("MINFER_CUDA_MV_STAGE"); v && *v && std::strcmp(v, "auto")) {
+        *forced = true;
         if (!std::strcmp(v, "off")) mode = kStageOff;
         else if (!std::strcmp(v, "after")) mode = kStageAfterWait;
         else if (!std::strcmp(v, "before")) mode = kStageBeforeWait;
@@ -466,9 +573,14 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     if (block_kernel_for(a)) {
         const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
         size_t smem = 0;
-        const int stage = block_stage(a, &smem);
-        launch("matvec_q8", block_kernel_build(a), dim3(unsigned((rows + per_block - 1) / per_block)),
-               dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s, a, xq, stage);
+        bool forced = false;
+        const int stage = block_stage(a, &smem, &forced);
+        const dim3 grid(unsigned((rows + per_block - 1) / per_block));
+        if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
+            launch("matvec_q8", matvec_q4k_pipe_kernel, grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+        else
+            launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,
+                   a, xq, stage);
     } else {
         launch("matvec_q8", warp_kernel_build(a),
                dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a, xq);
