@@ -106,6 +106,26 @@ __device__ __forceinline__ void load_a2(const uint8_t* p, uint32_t* w) {
     for (int i = 0; i < N; i++) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
 }
 
+// 32 bytes (8 words) at a 2-byte aligned address from three aligned 16-byte loads: the words picked by the
+// address's word offset (two selects a word, no register indexing) and joined by a funnel shift.  Reads up to
+// 16 bytes past the field (Q6_K: inside the same 210-byte block for every field it is used on).  For Q6_K in
+// the block kernel, where it replaces twenty 4-byte loads a chunk by six 16-byte ones: ncu had the Q6_K down
+// stalled on the load queue (LG throttle), and the 7B's Q6_K down from DRAM went 26.5 -> 21.1 us (CUDA_NOTES
+// run 91).  The other Q6_K kernels keep load_a2: with it they spill at their register caps.
+__device__ __forceinline__ void load32_a2v(const uint8_t* p, uint32_t* w) {
+    const uint4* q = (const uint4*)(uintptr_t(p) & ~uintptr_t(15));
+    const uint32_t m = uint32_t(uintptr_t(p) & 15), o = m >> 2, sh = (m & 3) * 8;
+    const uint4 a = q[0], b = q[1], c = q[2];
+    const uint32_t v[12] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
+    uint32_t pv[11], W[9];
+#pragma unroll
+    for (int t = 0; t < 11; t++) pv[t] = (o & 1) ? v[t + 1] : v[t];
+#pragma unroll
+    for (int t = 0; t < 9; t++) W[t] = (o & 2) ? pv[t + 2] : pv[t];
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i] = __funnelshift_r(W[i], W[i + 1], sh);
+}
+
 // q - 32 in each byte of four 6-bit values (0..63; Q6_K), as signed bytes: setting each byte's top bit first
 // keeps every byte's subtraction from borrowing out of it, and the xor puts the sign back.  The same bytes
 // as __vsubss4(q, 0x20202020) (nothing saturates), in 3 integer ops instead of its ~14-instruction emulation
@@ -120,7 +140,8 @@ __device__ __forceinline__ int spread4(uint32_t b4) {
 template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q6_K ? 64 : 32; }
 
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
-template <int T>
+// V (Q6_K only): the weight bytes through load32_a2v instead of load_a2.
+template <int T, bool V = false>
 __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int c, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ ds) {
     if constexpr (T == GGML_TYPE_Q8_0) {
@@ -168,11 +189,21 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         const int half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk, sub = (c / 4) * 8 + j;
         const int4* xp = (const int4*)(xq + sub * 32);
         int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
+        uint32_t ql8[8], qh8[8];
+        if constexpr (V) {
+            load32_a2v(b + half * 64 + kk * 32, ql8);
+            load32_a2v(b + 128 + half * 32, qh8);
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {  // 16 bytes of ql and qh at a time: half the registers live
             uint32_t ql[4], qh[4];
-            load_a2<4>(b + half * 64 + kk * 32 + 16 * h, ql);
-            load_a2<4>(b + 128 + half * 32 + 16 * h, qh);
+            if constexpr (V) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) ql[i] = ql8[4 * h + i], qh[i] = qh8[4 * h + i];
+            } else {
+                load_a2<4>(b + half * 64 + kk * 32 + 16 * h, ql);
+                load_a2<4>(b + 128 + half * 32 + 16 * h, qh);
+            }
             const int4 xa = xp[h], xb = xp[4 + h];  // sub-blocks j and j + 2
             const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
@@ -263,15 +294,15 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // loop rolled (unrolled by the compiler it spills at 40 registers); U = 0 leaves the compiler's choice.
 constexpr int kBlockRows = 8, kLanesPerRow = 4;
 
-template <int T, int U>
+template <int T, int U, bool V = false>
 __device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
     float acc = 0.0f;
     const int chunks = int(x.K / chunk_values<T>());
     if constexpr (U == 0) {  // the compiler's choice
-        for (; c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+        for (; c < chunks; c += step) acc += chunk_dot<T, V>(row, c, x.q, x.ds);
     } else {
 #pragma unroll U
-        for (; c < chunks; c += step) acc += chunk_dot<T>(row, c, x.q, x.ds);
+        for (; c < chunks; c += step) acc += chunk_dot<T, V>(row, c, x.q, x.ds);
     }
     return acc;
 }
@@ -351,7 +382,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
         const uint8_t* w = staged ? wsm + slot : A.W + row.o * A.rb;
         const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
         if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
-        else acc = lane_chunks<T, U>(w, x, c, step);
+        else acc = lane_chunks<T, U, true>(w, x, c, step);  // true: Q6_K through load32_a2v
     }
 #pragma unroll
     for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
