@@ -356,6 +356,29 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
     return true;
 }
 
+// Row i of a block's 8 weight rows (with swiglu, gate/up pair i % 4 of its 4): what the block kernel and the pipe
+// kernel share, with the end both take -- each row's partial sums of the 8 warps (sums[warp][row], written and
+// synchronized by the caller) added in warp order by thread t < the block's rows, and stored.
+__device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i) {
+    constexpr int half = kBlockRows / 2;
+    return a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + i % half)
+                    : warp_row(a, int64_t(blockIdx.x) * kBlockRows + i);
+}
+
+__device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows]) {
+    const int t = threadIdx.x;
+    if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
+    const WarpRow out = block_row(a, t);
+    if (!out.live) return;
+    float s = 0.0f, s2 = 0.0f;  // the row's sum over the warps (with swiglu s2: its up row's)
+#pragma unroll
+    for (int w = 0; w < kMatvecWarps; w++) {
+        s += sums[w][t];
+        if (a.swiglu) s2 += sums[w][t + kBlockRows / 2];
+    }
+    store_warp_row(a, out, &s, &s2);
+}
+
 template <int T, int U>
 __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x,
                                                                                            int stage) {
@@ -371,8 +394,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
         __syncthreads();
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
-    const WarpRow row = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + r % (kBlockRows / 2))
-                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + r);
+    const WarpRow row = block_row(a, r);
     float acc = 0.0f;
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
@@ -389,17 +411,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     const int t = threadIdx.x;  // (lane, warp, r re-derived from it: fewer registers live across the loop)
     if (t % kLanesPerRow == 0) sums[t >> 5][(t & 31) / kLanesPerRow] = acc;
     __syncthreads();
-    if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
-    const WarpRow out = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * (kBlockRows / 2) + t)
-                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + t);
-    if (!out.live) return;
-    float s = 0.0f, s2 = 0.0f;  // the row's sum over the warps (with swiglu s2: its up row's)
-#pragma unroll
-    for (int w = 0; w < kMatvecWarps; w++) {
-        s += sums[w][t];
-        if (a.swiglu) s2 += sums[w][t + kBlockRows / 2];
-    }
-    store_warp_row(a, out, &s, &s2);
+    store_block_rows(a, sums);
 }
 
 // The block kernel's layout for Q4_K rows with x in shared memory and each lane's weights loaded one chunk
@@ -417,8 +429,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(M
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane / 8, r = lane % 8;
-    const WarpRow row = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + r % half)
-                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + r);
+    const WarpRow row = block_row(a, r);
     const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;
     int c = k + kLanesPerRow * warp;
     const uint8_t* w = nullptr;
@@ -448,18 +459,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(M
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
     if (k == 0) sums[warp][r] = acc;
     __syncthreads();
-    const int t = threadIdx.x;
-    if (t >= (a.swiglu ? half : kBlockRows)) return;
-    const WarpRow out = a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + t)
-                                 : warp_row(a, int64_t(blockIdx.x) * kBlockRows + t);
-    if (!out.live) return;
-    float s = 0.0f, s2 = 0.0f;
-#pragma unroll
-    for (int v = 0; v < kMatvecWarps; v++) {
-        s += sums[v][t];
-        if (a.swiglu) s2 += sums[v][t + half];
-    }
-    store_warp_row(a, out, &s, &s2);
+    store_block_rows(a, sums);
 }
 
 // Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
