@@ -10,8 +10,12 @@ for the same layouts on this GPU type are in ../shared/anchors.md (llama-bench
 
 Measured (medians of --reps, after a warm-up of the same shape):
   pp N     prefill of an N-token prompt: one Session.eval
-  tg @D    128 single-token decode steps after a D-token context, through the
-           Python loop a user runs (eval, read the logits, argmax on the host)
+  tg @D    128 single-token greedy decode steps after a D-token context, one
+           Session.eval_greedy call a step (argmax on the device, 4 bytes back, a host
+           turn between steps: what llama-bench's tg does too)
+  chain @D the same 128 steps as one Session.decode_greedy (minfer.engine.greedy's
+           loop): token and position stay on the device, the host waits once
+  tg+logits  tg@512 through the logits (600 KB back a step, argmax in numpy)
   GB/s     (weight bytes a decode step reads + KV bytes it reads) x tokens/s,
            against the device-to-device copy rate measured first
 """
@@ -76,7 +80,7 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
         r[f"pp{n}"] = n / statistics.median(ts)
     for depth in (512, 4096):
         prompt = rng.integers(0, V, depth).astype(np.int32)
-        ts, tl = [], []
+        ts, tl, tc = [], [], []
         for rep in range(reps + 1):
             s.eval(prompt, 0)
             tok, pos = 1, depth
@@ -86,6 +90,11 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
                 pos += 1
             if rep:  # the first round captures the decode graph
                 ts.append(time.perf_counter() - t)
+            s.eval(prompt, 0)
+            t = time.perf_counter()
+            s.decode_greedy(1, depth, 128)
+            if rep:
+                tc.append(time.perf_counter() - t)
             if depth == 512 and not decode_only:  # the logits path (what a sampler needs): 600 KB back per token, argmax in numpy
                 s.eval(prompt, 0)
                 tok, pos = 1, depth
@@ -99,7 +108,10 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
         r[f"tg@{depth}"] = tps
         if tl:
             r[f"tg_logits@{depth}"] = 128 / statistics.median(tl)
-        r[f"gbps@{depth}"] = decode_bytes(model, str(path), depth + 64) * tps / 1e9
+        r[f"chain@{depth}"] = 128 / statistics.median(tc)
+        step_bytes = decode_bytes(model, str(path), depth + 64)
+        r[f"gbps@{depth}"] = step_bytes * tps / 1e9
+        r[f"chain_gbps@{depth}"] = step_bytes * r[f"chain@{depth}"] / 1e9
     out[name] = r
 
 
@@ -177,15 +189,19 @@ def main() -> None:
         bench(name, a.reps, out, a.decode_only)
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'layout':7} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
-          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9}")
+          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9} "
+          f"{'chain@512':>9} {'x':>5} {'%copy':>6} {'chain@4096':>10} {'x':>5}")
     for name in a.models.split(","):
         r, l = out[name], LLAMA.get(name, (float("nan"),) * 4)
         r = {k: r.get(k, float("nan")) for k in ("load_s", "pp512", "pp2048", "tg@512", "tg@4096", "gbps@512",
-                                                  "gbps@4096", "tg_logits@512")}
+                                                  "gbps@4096", "tg_logits@512", "chain@512", "chain@4096",
+                                                  "chain_gbps@512")}
         print(f"{name:7} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
               f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
               f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "
-              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f}")
+              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f} "
+              f"{r['chain@512']:9.0f} {r['chain@512'] / l[2]:5.2f} {100 * r['chain_gbps@512'] / (copy / 1e9):6.1f} "
+              f"{r['chain@4096']:10.0f} {r['chain@4096'] / l[3]:5.2f}")
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1))
 

@@ -3,6 +3,7 @@
     MINFER_SHARED=... python benchmarks/profile_cuda.py [--layout 0.5b] [--depth 512]
     python benchmarks/profile_cuda.py --summarize ncu.csv      # a CSV saved earlier
     python benchmarks/profile_cuda.py --layout 7b --detail matvec_q8 --count 8   # ncu's sections per kernel
+    python benchmarks/profile_cuda.py --layout 7b --timeline   # the replayed graph's kernels, in time order
 
 Runs a decode loop under Nsight Compute (`ncu`) with CUDA graphs off (so each
 kernel is its own launch), warm caches and the GPU's own clocks (`--cache-control
@@ -13,6 +14,11 @@ decode step by name.  With --detail REGEX, ncu instead reports its sections
 matching REGEX of one decode step (the profiler is switched on for that step
 only, through the driver's cuProfilerStart).  The sum is an upper bound of the replayed step (a graph
 overlaps launches); the split says which kernels to work on.
+
+With --timeline, the decode runs as it does for users (graphs replayed, PDL on) and CUPTI's activity
+records (`cuda_timeline.cpp`, preloaded) give each kernel's start and end.  A kernel's share of the step
+is its end minus the previous kernel's end: what it added to the chain, overlap and gaps included, so the
+shares sum to the step.
 """
 from __future__ import annotations
 
@@ -29,7 +35,8 @@ LAYOUTS = {"0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m", "1.5b": "qwen2.5-coder-
            "7b": "deepseek-r1-distill-qwen-7b-q4_k_m"}
 
 
-def workload(layout: str, depth: int, steps: int, one_step: bool = False) -> None:
+def workload(layout: str, depth: int, steps: int, one_step: bool = False, timeline: str = "",
+             chain: bool = False) -> None:
     """The profiled process: a prompt of `depth` tokens, then `steps` greedy decode steps
     (with one_step, the profiler is on for the last of them only)."""
     import ctypes
@@ -44,12 +51,82 @@ def workload(layout: str, depth: int, steps: int, one_step: bool = False) -> Non
     s.eval((np.arange(depth) % 1000).astype(np.int32), 0)
     tok = 5
     cuda = ctypes.CDLL("libcuda.so.1") if one_step else None
+    if chain:  # the steps as one device chain (Session.decode_greedy), after one step that captures the graph
+        tok = s.eval_greedy(np.array([tok], np.int32), depth)
+        s.decode_greedy(tok, depth + 1, steps - 1)
+        steps = 0
     for i in range(steps):
         if cuda and i == steps - 1:
             cuda.cuProfilerStart()
         tok = s.eval_greedy(np.array([tok], np.int32), depth + i)
     if cuda:
         cuda.cuProfilerStop()
+    if timeline:
+        ctypes.CDLL(timeline).minfer_timeline_flush()
+
+
+def short_name(mangled: str) -> str:
+    """`_ZN12_GLOBAL__N_119matvec_q4k_pipe_kernelILi0EEEvN...` -> `matvec_q4k_pipe_kernel<0>` (enough to tell
+    the kernels and their per-type builds apart without c++filt)."""
+    if not mangled.startswith("_Z"):
+        return mangled
+    s, i, parts = mangled, 2, []
+    if s[i:i + 1] == "N":
+        i += 1
+    while i < len(s) and s[i].isdigit():
+        j = i
+        while s[j].isdigit():
+            j += 1
+        n = int(s[i:j])
+        parts.append(s[j:j + n])
+        i = j + n
+    name = parts[-1] if parts else mangled
+    if s[i:i + 1] == "I":  # the first template argument if it is an integer (Li3E)
+        j = s.find("E", i)
+        arg = s[i + 1:j]
+        if arg.startswith("Li"):
+            name += "<" + arg[2:] + ">"
+    return name
+
+
+def summarize_timeline(path: str, skip: int = 4) -> str:
+    rows = list(csv.DictReader(open(path)))
+    ks = sorted(({"start": int(r["start"]), "end": int(r["end"]), "grid": int(r["grid"]),
+                  "name": short_name(r["name"])} for r in rows), key=lambda k: k["start"])
+    starts = [i for i, k in enumerate(ks) if k["name"].startswith("get_rows")]  # a decode step starts with the gather
+    steps = [ks[a:b] for a, b in zip(starts, starts[1:])][skip:]
+    if not steps:
+        return "timeline: fewer than two decode steps recorded"
+    spans, host_gaps = [], []
+    total = collections.defaultdict(lambda: [0.0, 0.0, 0])  # share, duration, count over all steps
+    for st in steps:
+        st.sort(key=lambda k: k["end"])
+        prev = st[0]["start"]
+        for k in st:
+            t = total[(k["name"], k["grid"])]
+            t[0] += (k["end"] - prev) / 1e3
+            t[1] += (k["end"] - k["start"]) / 1e3
+            t[2] += 1
+            prev = max(prev, k["end"])
+        spans.append((st[-1]["end"] - st[0]["start"]) / 1e3)
+    for a, b in zip(steps, steps[1:]):
+        host_gaps.append((min(k["start"] for k in b) - max(k["end"] for k in a)) / 1e3)
+    n = len(steps)
+    out = [f"{n} decode steps: kernels {sum(len(s) for s in steps) / n:.0f} a step, span {sorted(spans)[n // 2]:.1f} us "
+           f"(median), between steps {sorted(host_gaps)[len(host_gaps) // 2] if host_gaps else 0:.1f} us (median)",
+           f"  {'kernel':40s} {'grid':>6s} {'count':>5s} {'share us':>9s} {'dur us':>8s} {'share/launch':>12s}"]
+    for (name, grid), (share, dur, c) in sorted(total.items(), key=lambda kv: -kv[1][0]):
+        out.append(f"  {name[:40]:40s} {grid:6d} {c / n:5.0f} {share / n:9.1f} {dur / n:8.1f} {share / c:12.2f}")
+    one = steps[-1]
+    one.sort(key=lambda k: k["start"])
+    mid = len(one) // 2
+    out.append("one layer in time order (start, end relative to the previous kernel's end, us):")
+    prev = one[mid - 1]["end"]
+    for k in one[mid:mid + 14]:
+        out.append(f"  {k['name'][:40]:40s} {k['grid']:6d} start {(k['start'] - prev) / 1e3:+7.2f} "
+                   f"dur {(k['end'] - k['start']) / 1e3:7.2f} share {(k['end'] - prev) / 1e3:6.2f}")
+        prev = k["end"]
+    return "\n".join(out)
 
 
 def summarize(path: str) -> str:
@@ -77,11 +154,23 @@ def main() -> None:
     ap.add_argument("--summarize", default="", help="summarize a saved ncu CSV instead of profiling")
     ap.add_argument("--detail", default="", help="ncu sections for the kernels matching this regex")
     ap.add_argument("--count", type=int, default=4, help="with --detail: how many matching kernels")
+    ap.add_argument("--timeline", default="", metavar="LIB",
+                    help="the kernel timeline of replayed decode steps, through this build of cuda_timeline.cpp")
+    ap.add_argument("--steps", type=int, default=24, help="with --timeline: decode steps to record")
+    ap.add_argument("--chain", action="store_true", help="with --timeline: the steps as one decode_greedy chain")
     ap.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one-step", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.workload:
-        return workload(a.layout, a.depth, 2, a.one_step)
+        return workload(a.layout, a.depth, a.steps if a.timeline else 2, a.one_step, a.timeline, a.chain)
+    if a.timeline:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "timeline.csv"
+            lib = str(Path(a.timeline).resolve())
+            env = dict(os.environ, MINFER_TIMELINE=str(out), LD_PRELOAD=lib)
+            subprocess.run([sys.executable, __file__, "--workload", "--layout", a.layout, "--depth", str(a.depth),
+                            "--steps", str(a.steps), "--timeline", lib] + ["--chain"] * a.chain, env=env, check=True)
+            return print(summarize_timeline(str(out)))
     if a.summarize:
         return print(summarize(a.summarize))
     if a.detail:

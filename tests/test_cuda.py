@@ -485,6 +485,26 @@ def test_greedy_on_device_matches_host_argmax(q05_model, rng):
         assert s.eval_greedy(toks, start) == int(np.argmax(logits[-1]))
 
 
+def test_greedy_chain_on_device(q05_model, rng):
+    """decode_greedy on CUDA runs its steps as a device chain (the argmax writes the next step's token and
+    advances the position; chained_steps counts them) and picks what eval_greedy in a loop picks, across
+    the chain's wait every 256 steps; the session's steps from host inputs go on after it."""
+    s = M.Session(q05_model, threads=4, n_ctx=320, device="cuda")
+    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
+    first = s.eval_greedy(prompt, 0)
+    chained = s.decode_greedy(first, 7, 300)
+    assert s.chained_steps == 300
+    tok, loop = first, []
+    for i in range(300):
+        tok = s.eval_greedy(np.array([tok], np.int32), 7 + i)
+        loop.append(tok)
+    assert chained.tolist() == loop
+    assert s.decode_greedy(int(chained[9]), 17, 3).tolist() == loop[10:13]  # a chain from the middle
+    assert s.chained_steps == 303
+    with pytest.raises(minfer.MinferError, match="exceed the context"):
+        s.decode_greedy(first, 300, 21)
+
+
 def test_graph_replay_is_exact(q05_model, rng, monkeypatch):
     """Replayed decode steps compute exactly what launching each kernel computes."""
     prompt = rng.integers(0, 151936, size=9).astype(np.int32)

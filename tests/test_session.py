@@ -39,6 +39,51 @@ def test_eval_greedy_is_the_argmax_of_eval(qwen2):
     assert s.device == "cpu"
 
 
+def test_decode_greedy_is_eval_greedy_in_a_loop(qwen2):
+    """Session.decode_greedy returns what eval_greedy step by step returns; on the CPU it is that loop
+    (no device chain: chained_steps stays 0), and it refuses what eval refuses."""
+    s = M.Session(qwen2, threads=2, n_ctx=64)
+    prompt = np.arange(100, 109, dtype=np.int32)
+    first = s.eval_greedy(prompt, 0)
+    chained = s.decode_greedy(first, 9, 20)
+    tok, loop = first, []
+    for i in range(20):
+        tok = s.eval_greedy(np.array([tok], np.int32), 9 + i)
+        loop.append(tok)
+    assert chained.dtype == np.int32 and chained.tolist() == loop
+    assert s.chained_steps == 0
+    for args, msg in (((first, 9, 0), "0 steps"), ((first, 60, 5), "exceed the context of 64"),
+                      ((-1, 9, 2), "token id -1"), ((first, -1, 2), "negative start position")):
+        with pytest.raises(minfer.MinferError, match=msg):
+            s.decode_greedy(*args)
+
+
+def test_engine_greedy_chunks_as_the_step_loop(qwen2):
+    """minfer.engine.greedy decodes in chunks of decode_greedy: the same tokens as one step at a time,
+    the same stop and context rules (a stop token is the last yielded; the steps past it are dropped)."""
+    from minfer import engine
+
+    s = M.Session(qwen2, threads=2, n_ctx=40)
+    prompt = list(range(100, 109))
+
+    def steps(max_tokens, stop=()):  # the loop greedy replaced: one eval_greedy a token
+        tok, pos, out = s.eval_greedy(np.array(prompt, np.int32), 0), len(prompt), []
+        for _ in range(max_tokens):
+            out.append(tok)
+            if tok in stop or pos >= s.n_ctx:
+                break
+            tok = s.eval_greedy(np.array([tok], np.int32), pos)
+            pos += 1
+        return out
+
+    for max_tokens, chunk in ((1, 16), (5, 2), (25, 4), (100, 16)):  # 100: ends at the context
+        assert list(engine.greedy(s, prompt, max_tokens, chunk=chunk)) == steps(max_tokens), (max_tokens, chunk)
+    ref = steps(25)
+    stop = ref[6]
+    got = list(engine.greedy(s, prompt, 25, stop=[stop], chunk=4))
+    assert got == ref[:ref.index(stop) + 1] == steps(25, stop=[stop])
+
+
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("weights", ["f16", "q8_0"])  # f16 weights keep f32 activations: no rounding hides a change
 def test_results_do_not_depend_on_batching(weights, kv_type):

@@ -7,6 +7,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,14 @@ class Backend {
     // Index of the largest of n floats at (id, offset), the first on ties:
     // greedy decoding's only read-back.  Default: read_host, then a scan.
     virtual int argmax(int id, size_t offset, size_t n);
+    // Greedy decode chained on the device, for `steps` steps: step() enqueues one decode step, then the
+    // argmax of n floats at (id, offset) is written into the token input (token_id) as the next step's
+    // token, the position input (pos_id) advances by one, and the winner goes to out[i]; the host waits
+    // once, at the end.  false: this backend has no such chain (nothing was run; the caller loops).
+    virtual bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
+                              int token_id, int pos_id, int32_t* out) {
+        return false;
+    }
 
     // Optional split capture (CUDA graphs).  The plan asks, per split and run:
     // replay_split(key) launches a recorded copy and returns true; otherwise

@@ -144,6 +144,24 @@ int Plan::argmax_last_row(int node) {
     return backend(n.backend)->argmax(buf_[size_t(node)], size_t(n.rows - 1) * size_t(n.cols), size_t(n.cols));
 }
 
+bool Plan::greedy_chain(int steps, int32_t* out) {
+    if (splits_.size() != 1 || graph_.output < 0) return false;
+    const int be = splits_[0].backend;
+    int tok = -1, pos = -1;
+    for (size_t i = 0; i < graph_.nodes.size(); i++) {
+        const Node& n = graph_.nodes[i];
+        if (n.op != Op::Input || n.meta.input == InputKind::Data) continue;
+        int& slot = n.meta.input == InputKind::Tokens ? tok : pos;
+        if (slot >= 0 || n.rows != 1 || n.backend != be) return false;
+        slot = int(i);
+    }
+    const Node& o = graph_.nodes[size_t(graph_.output)];
+    if (tok < 0 || pos < 0 || o.backend != be) return false;
+    return backend(be)->greedy_chain(steps, [&] { run_split(0, nullptr); }, buf_[size_t(graph_.output)],
+                                     size_t(o.rows - 1) * size_t(o.cols), size_t(o.cols), buf_[size_t(tok)],
+                                     buf_[size_t(pos)], out);
+}
+
 void Plan::write_input(InputKind kind, const int32_t* values, int n) {
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& node = graph_.nodes[i];
@@ -177,7 +195,7 @@ std::vector<float> Plan::read_node(int node) {
     return out;
 }
 
-void Plan::execute(OpProfile* profile) {
+void Plan::execute(OpProfile* profile, bool sync_last) {
     int prev = -1;
     std::vector<float> tmp;
     std::set<int> used;
@@ -195,7 +213,10 @@ void Plan::execute(OpProfile* profile) {
         used.insert(sp.backend);
         prev = sp.backend;
     }
-    for (int b : used) backend(b)->synchronize();
+    // Unsynchronized, the last split's backend must be the one the caller reads the output from.
+    const bool keep = !sync_last && graph_.output >= 0 && graph_.nodes[size_t(graph_.output)].backend == prev;
+    for (int b : used)
+        if (!keep || b != prev) backend(b)->synchronize();
 }
 
 // One split's nodes, or a replay of its captured launches where the backend

@@ -11,7 +11,9 @@
 // Scheduler: a split is a maximal run of nodes on one backend.  execute()
 // walks the splits: at each backend change it synchronizes the previous
 // backend and copies the split's inputs across, then executes every node of
-// the split; one final synchronize per backend at the end.
+// the split; one final synchronize per backend at the end, except for the last
+// split's backend when the caller reads its result through that backend anyway
+// (eval_greedy: the argmax is enqueued behind the step, one wait instead of two).
 #pragma once
 #include <map>
 #include <string>
@@ -44,7 +46,7 @@ class Plan {
     Plan(const Plan&) = delete;
     Plan& operator=(const Plan&) = delete;
 
-    void execute(OpProfile* profile = nullptr);
+    void execute(OpProfile* profile = nullptr, bool sync_last = true);
     void write_input(InputKind kind, const int32_t* values, int n);
     void write_node(int node, const float* values, size_t n);  // an Input node's buffer
     void poison();  // fill every non-input buffer with NaN (tests: unwritten outputs show)
@@ -52,6 +54,11 @@ class Plan {
     std::vector<float> read_node(int node);
     // argmax over the last row of `node`'s output, computed where the node ran.
     int argmax_last_row(int node);
+    // Greedy decode of `steps` one-token steps chained on the backend (Backend::greedy_chain): the
+    // token and position inputs must hold the first step's.  out[i] is step i's argmax of the output's
+    // last row.  false, having run nothing: the plan is not one split on one backend with one token and
+    // one position input, or that backend has no chain.
+    bool greedy_chain(int steps, int32_t* out);
 
     const Graph& graph() const { return graph_; }
     const std::vector<Split>& splits() const { return splits_; }

@@ -1,6 +1,7 @@
 // Engine bindings: Model, Session and Plan, so the decode loop in python/minfer
 // is written against the engine's own objects and a user can build a plan,
 // inspect its nodes and splits, run it and read any node's output.
+#include <algorithm>
 #include <cstring>
 
 #include "common/error.h"
@@ -179,11 +180,23 @@ void bind_engine(py::module_& m) {
             return s.eval_greedy(t, n, start_pos);
         }, py::arg("tokens"), py::arg("start_pos"),
            "the argmax of the last position's logits (found on the device; only the token id is read back)")
+        .def("decode_greedy", [](Session& s, int token, int start_pos, int steps) {
+            py::array_t<int32_t> out(py::ssize_t{std::max(steps, 0)});  // the session refuses steps <= 0
+            int32_t* o = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                s.decode_greedy(token, start_pos, steps, o);
+            }
+            return out;
+        }, py::arg("token"), py::arg("start_pos"), py::arg("steps"),
+           "steps greedy one-token steps from token at start_pos: the tokens they pick, as eval_greedy in a loop "
+           "would return them (on CUDA chained on the device: one wait per up to 256 steps)")
         .def("plan", [](Session& s, int n_tokens, bool all_logits) { return &s.plan(n_tokens, all_logits); },
              py::arg("n_tokens"), py::arg("all_logits") = false, py::return_value_policy::reference_internal)
         .def_property_readonly("n_ctx", &Session::n_ctx)
         .def_property_readonly("threads", &Session::n_threads)
         .def_property_readonly("graph_builds", &Session::graph_builds)
+        .def_property_readonly("chained_steps", &Session::chained_steps)
         .def_property_readonly("backends", &Session::backend_names)
         .def_property_readonly("device", &Session::device)
         .def("run_ops", [](Session& s, const std::string& backend, const py::list& inputs, const py::list& nodes,

@@ -154,7 +154,7 @@ std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) {
     return std::make_unique<Plan>(std::move(graph), slots_, kv, true);
 }
 
-Plan& Session::run_step(const int32_t* tokens, int n, int start_pos, bool all_logits) {
+Plan& Session::run_inputs(const int32_t* tokens, int n, int start_pos, bool all_logits) {
     const ModelConfig& c = model_->config();
     if (n <= 0) throw MinferError("eval: no tokens (an empty prompt)");
     if (start_pos < 0) throw MinferError(strfmt("eval: negative start position %d", start_pos));
@@ -171,7 +171,12 @@ Plan& Session::run_step(const int32_t* tokens, int n, int start_pos, bool all_lo
     for (int i = 0; i < n; i++) pos[size_t(i)] = start_pos + i;
     pl.write_input(InputKind::Tokens, tokens, n);
     pl.write_input(InputKind::Positions, pos.data(), n);
-    pl.execute(profile_on_ ? &profile_ : nullptr);
+    return pl;
+}
+
+Plan& Session::run_step(const int32_t* tokens, int n, int start_pos, bool all_logits, bool sync) {
+    Plan& pl = run_inputs(tokens, n, start_pos, all_logits);
+    pl.execute(profile_on_ ? &profile_ : nullptr, sync);
     return pl;
 }
 
@@ -182,8 +187,27 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     std::memcpy(out, logits.data(), size_t(o.rows) * size_t(o.cols) * sizeof(float));
 }
 
+void Session::decode_greedy(int token, int start_pos, int steps, int32_t* out) {
+    if (steps <= 0) throw MinferError(strfmt("decode_greedy: %d steps (at least one)", steps));
+    if (int64_t(start_pos) + steps > opts_.n_ctx)
+        throw MinferError(strfmt("decode_greedy: %d steps from position %d exceed the context of %d tokens", steps,
+                                 start_pos, opts_.n_ctx));
+    if (!profile_on_) {
+        Plan& pl = run_inputs(&token, 1, start_pos, false);  // validates token and position
+        if (pl.greedy_chain(steps, out)) {
+            chained_steps_ += steps;
+            return;
+        }
+    }
+    for (int i = 0; i < steps; i++) {
+        out[i] = eval_greedy(&token, 1, start_pos + i);
+        token = out[i];
+    }
+}
+
 int Session::eval_greedy(const int32_t* tokens, int n, int start_pos) {
-    Plan& pl = run_step(tokens, n, start_pos, false);
+    // The argmax waits for the step itself: no synchronize between them (the output is the last split's).
+    Plan& pl = run_step(tokens, n, start_pos, false, false);
     return pl.argmax_last_row(pl.graph().output);
 }
 

@@ -55,6 +55,11 @@ class Session {
     // The same step, returning only the most likely next token (argmax of the
     // last position's logits, found on the device that computed them).
     int eval_greedy(const int32_t* tokens, int n, int start_pos);
+    // `steps` greedy one-token steps from `token` at start_pos: out[i] is the token step i picks (and
+    // step i + 1 consumes), what eval_greedy in a loop returns.  Where the step is one split on a backend
+    // that can chain (CUDA), the token and position stay on the device and the host waits once per
+    // up to 256 steps; elsewhere (and while profiling) it is that loop.
+    void decode_greedy(int token, int start_pos, int steps, int32_t* out);
 
     // The plan for a step shape (built on first use, then cached).
     Plan& plan(int n_tokens, bool all_logits);
@@ -66,13 +71,17 @@ class Session {
     int n_threads() const { return pool_->size(); }
     const SessionOptions& options() const { return opts_; }
     int graph_builds() const { return graph_builds_; }
+    int64_t chained_steps() const { return chained_steps_; }  // decode_greedy steps run as a device chain
     const OpProfile& op_profile() const { return profile_; }
     std::vector<std::string> backend_names() const;
     const std::string& device() const { return device_; }  // what "auto" resolved to, and why not CUDA
 
   private:
-    Plan& run_step(const int32_t* tokens, int n, int start_pos, bool all_logits);
+    // Checks a step's tokens and positions and writes them to its plan's inputs; run_step also executes it.
+    Plan& run_inputs(const int32_t* tokens, int n, int start_pos, bool all_logits);
+    Plan& run_step(const int32_t* tokens, int n, int start_pos, bool all_logits, bool sync = true);
     std::shared_ptr<Model> model_;
+    int64_t chained_steps_ = 0;
     SessionOptions opts_;
     std::shared_ptr<ThreadPool> pool_;
     std::vector<std::unique_ptr<Backend>> backends_;

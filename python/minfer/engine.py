@@ -41,15 +41,23 @@ def session(path_or_name, n_ctx: int = 0, threads: int = 0, kv_type: str = "f16"
 
 
 def greedy(sess: Session, prompt: Iterable[int], max_tokens: int, start_pos: int = 0,
-           stop: Iterable[int] = ()) -> Iterator[int]:
-    """Yields greedily decoded token ids: one prompt step, then one step per token."""
+           stop: Iterable[int] = (), chunk: int = 16) -> Iterator[int]:
+    """Yields greedily decoded token ids: one prompt step, then steps `chunk` at a time
+    (Session.decode_greedy: on a GPU the chunk's steps run back to back on the device, with no host
+    turn between them).  A stop token is the last one yielded; the steps a chunk ran past it are
+    dropped (their KV entries lie past the position and are overwritten by whatever comes next)."""
+    if chunk < 1:
+        raise ValueError(f"chunk must be >= 1, got {chunk}")
     ids = np.asarray(list(prompt), dtype=np.int32)
     stop = set(stop)
     tok = sess.eval_greedy(ids, start_pos)  # the argmax is taken where the logits are (4 bytes back from a GPU)
     pos = start_pos + len(ids)
-    for _ in range(max_tokens):
+    ahead: list[int] = []  # decoded, not yet yielded
+    for i in range(max_tokens):
         yield tok
-        if tok in stop or pos >= sess.n_ctx:
+        if tok in stop or pos >= sess.n_ctx or i + 1 == max_tokens:
             return
-        tok = sess.eval_greedy(np.array([tok], np.int32), pos)
+        if not ahead:  # never more steps than can still be yielded or fit in the context
+            ahead = sess.decode_greedy(tok, pos, min(chunk, max_tokens - 1 - i, sess.n_ctx - pos)).tolist()
+        tok = ahead.pop(0)
         pos += 1

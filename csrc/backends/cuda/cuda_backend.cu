@@ -37,6 +37,12 @@ void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw MinferError(strfmt("CUDA: %s failed: %s", what, cudaGetErrorString(e)));
 }
 
+// A greedy chain waits after at most this many steps (bounded waits, a fixed result buffer).
+constexpr int kChainSteps = 256;
+
+// How long a wait polls without sleeping (seconds): longer than any decode step of the models run here.
+constexpr double kSpinS = 0.05;
+
 std::string gib(size_t b) { return strfmt("%.2f GiB", double(b) / double(1ull << 30)); }
 
 // MINFER_CUDA_DECODE: "q8" (default: decode's activations rounded to 8-bit blocks where the weight type has
@@ -77,6 +83,8 @@ class CudaBackend : public Backend {
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
     int argmax(int id, size_t offset, size_t n) override;
+    bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
+                      int pos_id, int32_t* out) override;
 
     bool replay_split(uint64_t key) override;
     bool begin_capture(uint64_t key) override;
@@ -117,6 +125,8 @@ class CudaBackend : public Backend {
     int* argmax_host_ = nullptr;    // host-mapped: the argmax kernel writes the token id here
     int* argmax_dev_ = nullptr;
     void* argmax_part_ = nullptr;   // the argmax's per-block winners
+    int32_t* chain_host_ = nullptr;  // host-mapped: a greedy chain's tokens (kChainSteps), read after its wait
+    int32_t* chain_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
@@ -157,6 +167,9 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     check(cudaHostAlloc((void**)&argmax_host_, sizeof(int), cudaHostAllocMapped), "allocating the argmax word");
     check(cudaHostGetDevicePointer((void**)&argmax_dev_, argmax_host_, 0), "mapping the argmax word");
     argmax_part_ = device_alloc(size_t(cuda::kArgmaxBlocks) * 8, "the argmax scratch");
+    check(cudaHostAlloc((void**)&chain_host_, kChainSteps * sizeof(int32_t), cudaHostAllocMapped),
+          "allocating the chain's results");
+    check(cudaHostGetDevicePointer((void**)&chain_dev_, chain_host_, 0), "mapping the chain's results");
 
     // Weights: one arena, each tensor 256-byte aligned.
     size_t total = 0;
@@ -222,6 +235,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(arena_);
     cudaFreeHost(err_host_);
     cudaFreeHost(argmax_host_);
+    cudaFreeHost(chain_host_);
     cudaFree(argmax_part_);
     cudaFreeHost(staging_);
     cudaEventDestroy(done_);
@@ -352,7 +366,9 @@ void CudaBackend::wait(cudaEvent_t ev, const char* what) {
         const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         if (s > timeout_s_)
             fail(strfmt("%s: the GPU did not finish within %.1f s (MINFER_GPU_TIMEOUT_S)", what, timeout_s_));
-        if (s > 2e-3) std::this_thread::sleep_for(std::chrono::microseconds(50));  // spin first: decode steps are short
+        // Spin first: a decode step is 0.5-5 ms and a sleep wakes ~100 us late (that was 6 % of the 7B's step
+        // when the spin ended at 2 ms); long waits (prefill, a hung device) sleep between polls.
+        if (s > kSpinS) std::this_thread::sleep_for(std::chrono::microseconds(50));
         else std::this_thread::yield();
     }
 }
@@ -389,6 +405,23 @@ int CudaBackend::argmax(int id, size_t offset, size_t n) {
     cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, stream_);
     synchronize();
     return *(volatile int*)argmax_host_;
+}
+
+bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
+                               int token_id, int pos_id, int32_t* out) {
+    usable();
+    for (int done = 0; done < steps;) {
+        const int m = std::min(kChainSteps, steps - done);
+        for (int i = 0; i < m; i++) {
+            step();
+            cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, stream_,
+                         cuda::ArgmaxFeed{(int32_t*)raw(token_id), (int32_t*)raw(pos_id), chain_dev_ + i});
+        }
+        synchronize();
+        std::memcpy(out + done, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
+        done += m;
+    }
+    return true;
 }
 
 void CudaBackend::write_host(int id, size_t offset, const float* src, size_t n) {

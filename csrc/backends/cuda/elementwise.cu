@@ -57,7 +57,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int chunk, float* pv,
-                              int* pi, int* out) {
+                              int* pi, int* out, ArgmaxFeed feed) {
     pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -76,26 +76,31 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
         for (int o = 16; o > 0; o >>= 1)
             better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
         if (threadIdx.x == 0) {
-            if (out) *out = i != INT_MAX ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
-            else pv[blockIdx.x] = v, pi[blockIdx.x] = i;
+            const int win = i != INT_MAX ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
+            if (!out) {
+                pv[blockIdx.x] = v, pi[blockIdx.x] = i;
+            } else {
+                *out = win;
+                if (feed.token) *feed.token = win, *feed.pos += 1, *feed.result = win;
+            }
         }
     }
 }
 
 }  // namespace
 
-void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s) {
+void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s, ArgmaxFeed feed) {
     // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,
     // then one block over their winners.
     const int chunk = std::max(4096, (n + kArgmaxBlocks - 1) / kArgmaxBlocks), blocks = (n + chunk - 1) / chunk;
     float* pv = (float*)partial;
     int* pi = (int*)(pv + kArgmaxBlocks);
     if (blocks == 1) return launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, (const int*)nullptr, n, n,
-                                   (float*)nullptr, (int*)nullptr, out);
+                                   (float*)nullptr, (int*)nullptr, out, feed);
     launch("argmax", argmax_kernel, dim3(unsigned(blocks)), dim3(1024), 0, s, x, (const int*)nullptr, n, chunk, pv, pi,
-           (int*)nullptr);
+           (int*)nullptr, ArgmaxFeed{});
     launch("argmax_final", argmax_kernel, dim3(1), dim3(1024), 0, s, (const float*)pv, (const int*)pi, blocks, blocks,
-           (float*)nullptr, (int*)nullptr, out);
+           (float*)nullptr, (int*)nullptr, out, feed);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

@@ -110,7 +110,14 @@ void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb
 // out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
 // partial: kArgmaxBlocks floats + kArgmaxBlocks ints of device scratch.
 constexpr int kArgmaxBlocks = 1024;
-void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s);
+// Greedy decode chained on the device: the winner is also the next step's token, the position input
+// advances by one, and the winner is written to *result (host-mapped) -- no host turn between steps.
+struct ArgmaxFeed {
+    int32_t* token = nullptr;
+    int32_t* pos = nullptr;
+    int32_t* result = nullptr;
+};
+void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s, ArgmaxFeed feed = {});
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 
 }  // namespace minfer::cuda
