@@ -172,7 +172,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
                                                                 float* __restrict__ partial, uint32_t* err) {
-    pdl_start();
     constexpr int W = kThreads / 32, NV = HD / 64;
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
@@ -184,6 +183,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     float* o_final = out + int64_t(h) * HD;
     float* part = partial + (int64_t(h) * S + z) * (HD + 2);
     if (p < 0 || p >= a.n_ctx) {  // uniform over the block
+        pdl_start();
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         for (int d = threadIdx.x; d < HD; d += kThreads) {
             if (S == 1) o_final[d] = 0.0f;
@@ -200,8 +200,10 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
     uint4 kr[HD / 8];                     // this lane's K row j
     uint32_t vr[32][NV];                  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
-    if (j <= p) {
-        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
+    // Rows before p were stored by earlier steps (graph launches are full dependencies), so they are
+    // loaded before the wait, overlapping the kernels before; row p is this step's RoPE + KV store.
+    const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
+    if (j < p) {
 #pragma unroll
         for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
     }
@@ -209,7 +211,21 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     for (int jj = 0; jj < 32; jj++) {
         const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
 #pragma unroll
-        for (int i = 0; i < NV; i++) vr[jj][i] = jj < nj ? vp[lane + 32 * i] : 0u;
+        for (int i = 0; i < NV; i++) vr[jj][i] = j0 + jj < p ? vp[lane + 32 * i] : 0u;
+    }
+    pdl_start();
+    if (j == p) {
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
+    }
+    if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
+#pragma unroll
+        for (int jj = 0; jj < 32; jj++) {
+            const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
+#pragma unroll
+            for (int i = 0; i < NV; i++)
+                if (j0 + jj == p) vr[jj][i] = vp[lane + 32 * i];
+        }
     }
     for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
@@ -280,9 +296,9 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
                                          Q8Act q8) {
     extern __shared__ float wz[];  // [S]: exp(m_z - M)
     __shared__ float L_all;
-    pdl_start();
     const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim, lane = threadIdx.x & 31;
-    const int live = min(S, max(0, pos[r]) / kChunk + 1);
+    const int live = min(S, max(0, pos[r]) / kChunk + 1);  // positions: uploaded before the step
+    pdl_start();
     const float* base = partial + (int64_t(r) * a.n_head + h) * S * (hd + 2);
     if (threadIdx.x < 32) {
         float M = -INFINITY;
