@@ -143,10 +143,19 @@ def test_pipe_matvec(rng, monkeypatch, wtype, n, k, pipe):
         monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
         res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
     assert np.array_equal(res["0"], res[pipe])
+    for ahead in ("1", "2"):  # one or two chunks ahead: the same chunks, summed in the same order
+        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        assert np.array_equal(res["0"], M.cuda_matmul(t, w, x, n, path="q8")[0]), ahead
+    monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
     check_against_float64(rng, wtype, n, k, 1, "q8")
     monkeypatch.setenv("MINFER_CUDA_MV_PIPE", "yes")
     with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_PIPE must be 0, 1 or all"):
         M.cuda_matmul(t, w, x, n, path="q8")
+    if k < 8192:  # launches the pipe kernel takes read the lever
+        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", pipe)
+        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "3")
+        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_AHEAD must be auto, 1 or 2"):
+            M.cuda_matmul(t, w, x, n, path="q8")
 
 
 @pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q6_k", 300, 3584),
@@ -285,7 +294,7 @@ def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
 
 def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
     """The pipe kernel on the decode launches with several parts -- q, k and v of types Q4_K / Q4_K / Q6_K in
-    one launch, gate and up with SwiGLU -- gives the block kernel's bits."""
+    one launch, gate and up with SwiGLU -- gives the block kernel's bits, loading one chunk ahead or two."""
     m, s = q15
     x = rng.standard_normal((1, 1536)).astype(np.float32)
     L = "blk.5."
@@ -298,11 +307,13 @@ def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
     assert [g.tensors[L + f"attn_{p}.weight"].type for p in "qkv"] == [12, 12, 14]  # Q4_K, Q4_K, Q6_K
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
     out = {}
-    for v in ("0", "1"):
+    for v, ahead in (("0", "auto"), ("1", "1"), ("1", "2")):
         monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
-        out[v] = s.run_ops("cuda", [x], nodes)
-    for a, b in zip(out["0"], out["1"]):
-        assert np.array_equal(a, b)
+        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        out[v + ahead] = s.run_ops("cuda", [x], nodes)
+    for key in ("11", "12"):
+        for a, b in zip(out["0auto"], out[key]):
+            assert np.array_equal(a, b), key
 
 
 @pytest.mark.parametrize("rows,first", [(1, 700), (3, 40), (300, 200)], ids=["decode-split", "decode3", "prefill"])

@@ -318,8 +318,16 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
     const float L = L_all;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
-#pragma unroll 8
-        for (int z = 0; z < live; z++) acc += wz[z] * base[z * (hd + 2) + 2 + d];
+        // 32 splits' loads in flight (all of them up to 4096 positions), then added in split order: one round
+        // trip where the loop of dependent adds made one per split (CUDA_NOTES run 96)
+        for (int z0 = 0; z0 < live; z0 += 32) {
+            float v[32];
+#pragma unroll
+            for (int u = 0; u < 32; u++) v[u] = z0 + u < live ? base[(z0 + u) * (hd + 2) + 2 + d] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 32; u++)
+                if (z0 + u < live) acc += wz[z0 + u] * v[u];
+        }
         const float o = L > 0.0f ? acc / L : 0.0f;
         const int64_t col = int64_t(h) * hd + d, K = int64_t(a.n_head) * hd;
         out[int64_t(r) * ldo + col] = o;

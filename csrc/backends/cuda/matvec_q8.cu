@@ -423,8 +423,11 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
 // 20 registers a chunk are not held across the loads.  Lane mapping: k = lane / 8 (the chunk of four), r =
 // lane % 8 (the row), so the eight lanes of a shared-memory phase read one address.  Each lane adds the same
 // chunks in the same order as the block kernel, and the four lanes of a row and the warps are summed in the
-// same order: the same bits.
-__global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
+// same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait): at K = 3584 that is
+// every chunk of a lane, so a launch of one wave (the 7B's QKV and O) reads all its weights while the
+// kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
+template <int AHEAD>
+__global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
@@ -434,12 +437,13 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(M
     int c = k + kLanesPerRow * warp;
     const uint8_t* w = nullptr;
     bool q4k = false;  // else a Q6_K part (the 7B's V rows in some layers' QKV): walked as the block kernel does
-    Q4kChunk cur{};
+    Q4kChunk cur{}, nxt{};
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / half : row.p];
         w = A.W + row.o * A.rb;
         q4k = A.type == GGML_TYPE_Q4_K;
         if (q4k && c < chunks) cur = q4k_load(w, c);
+        if (AHEAD == 2 && q4k && c + step < chunks) nxt = q4k_load(w, c + step);
     }
     pdl_start();
     uint8_t* dsm = xsm + x.K;  // K % 64 == 0: 16-byte aligned
@@ -450,10 +454,11 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 6) matvec_q4k_pipe_kernel(M
     if (row.live && !q4k) acc = lane_chunks<GGML_TYPE_Q6_K, 1>(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
     else if (row.live)
         for (; c < chunks; c += step) {
-            Q4kChunk nxt{};
-            if (c + step < chunks) nxt = q4k_load(w, c + step);
+            Q4kChunk nn{};
+            if (c + AHEAD * step < chunks) nn = q4k_load(w, c + AHEAD * step);
             acc += q4k_dot(cur, c, (const int8_t*)xsm, (const float2*)dsm);
-            cur = nxt;
+            if (AHEAD == 2) cur = nxt, nxt = nn;
+            else cur = nn;
         }
     acc += __shfl_xor_sync(0xffffffffu, acc, 16);  // lanes k ^ 2, then k ^ 1: the block kernel's order
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
@@ -480,6 +485,27 @@ bool pipe_kernel_for(const MatvecArgs& a) {
         q4k |= a.part[p].type == GGML_TYPE_Q4_K;
     }
     return (q4k || all) && a.K < 8192;
+}
+
+// How far ahead the pipe kernel loads (1 or 2 chunks): 2 where a lane has a second chunk (rows of more than
+// 32 chunks: K > 2048) and the launch is at most 4 blocks an SM (one wave at AHEAD = 2's occupancy): the 7B's
+// O, the 0.5B's down.  1 for the longer launches (the 7B's gate/up: 4736 blocks), whose later waves start
+// after the wait anyway and keep 6 blocks an SM, and for the 1.5B's rows (K = 1536: one chunk a lane).
+// Measured (CUDA_NOTES run 96, chained decode at 512): 2 everywhere 7B 512 -> 504 tok/s; this rule 0.5B
+// 1480 -> 1537, the 7B and 1.5B within noise.  MINFER_CUDA_MV_AHEAD=1|2 forces it (A/B lever, read per call).
+int pipe_ahead(int64_t blocks, int64_t K) {
+    if (const char* v = std::getenv("MINFER_CUDA_MV_AHEAD"); v && *v && std::strcmp(v, "auto")) {
+        if (!std::strcmp(v, "1")) return 1;
+        if (!std::strcmp(v, "2")) return 2;
+        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1 or 2, not '%s'", v));
+    }
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return n > 0 ? n : 132;
+    }();
+    return K / 64 > kLanesPerRow * kMatvecWarps && blocks <= 4 * int64_t(sms) ? 2 : 1;
 }
 
 using MatvecKernel = void (*)(MatvecArgs, XQ);
@@ -608,7 +634,8 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const int stage = block_stage(a, &smem, &forced);
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
-            launch("matvec_q8", matvec_q4k_pipe_kernel, grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+            launch("matvec_q8", pipe_ahead(grid.x, a.K) == 2 ? matvec_q4k_pipe_kernel<2> : matvec_q4k_pipe_kernel<1>, grid,
+                   dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
         else
             launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,
                    a, xq, stage);
