@@ -67,7 +67,7 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // Every such kernel calls pdl_start() before reading what earlier kernels wrote: it
 // lets the next kernel begin launching, then waits for the previous kernel to
 // complete with its writes visible.  Releasing first puts the next kernel's blocks
-// on the SMs while this one still waits (CUDA_NOTES run 95: with the attention's
+// on the SMs while this one still waits (CUDA_NOTES run 96: with the attention's
 // early loads, +3-7 % decode); it is safe because that kernel's own wait is for this
 // one, which cannot complete before its wait returns.  MINFER_CUDA_PDL=0 launches
 // plainly (A/B).  A kernel may read what no kernel of the step writes (weights, the

@@ -491,7 +491,7 @@ bool pipe_kernel_for(const MatvecArgs& a) {
 // 32 chunks: K > 2048) and the launch is at most 4 blocks an SM (one wave at AHEAD = 2's occupancy): the 7B's
 // O, the 0.5B's down.  1 for the longer launches (the 7B's gate/up: 4736 blocks), whose later waves start
 // after the wait anyway and keep 6 blocks an SM, and for the 1.5B's rows (K = 1536: one chunk a lane).
-// Measured (CUDA_NOTES run 96, chained decode at 512): 2 everywhere 7B 512 -> 504 tok/s; this rule 0.5B
+// Measured (CUDA_NOTES runs 97-98, chained decode at 512): 2 everywhere 7B 512 -> 504 tok/s; this rule 0.5B
 // 1480 -> 1537, the 7B and 1.5B within noise.  MINFER_CUDA_MV_AHEAD=1|2 forces it (A/B lever, read per call).
 int pipe_ahead(int64_t blocks, int64_t K) {
     if (const char* v = std::getenv("MINFER_CUDA_MV_AHEAD"); v && *v && std::strcmp(v, "auto")) {
