@@ -99,6 +99,23 @@ def synthetic_model(name: str) -> Path:
     return out
 
 
+def nan_logits_model(tmp_path):
+    """qwen2-tiny-f32 with its output norm's weights NaN: every logit is NaN."""
+    import minfer
+
+    src = synthetic_model("qwen2-tiny-f32")
+    g = minfer.gguf.open(str(src))
+    w = np.asarray(g.tensors["output_norm.weight"].data).tobytes()
+    g.close()
+    data = bytearray(src.read_bytes())
+    at = data.find(w)
+    assert at > 0 and data.find(w, at + 1) < 0
+    data[at:at + len(w)] = np.full(len(w) // 4, np.nan, np.float32).tobytes()
+    out = tmp_path / "nan-logits.gguf"
+    out.write_bytes(bytes(data))
+    return out
+
+
 def require_cuda() -> None:
     import minfer
 

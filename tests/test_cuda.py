@@ -21,7 +21,7 @@ import pytest
 
 import minfer
 from backend_compare import check_elementwise, check_rope, close, run_both
-from conftest import layout_model, require_cuda, synthetic_model
+from conftest import layout_model, nan_logits_model, require_cuda, synthetic_model
 from minfer.quants import dequantize
 
 pytestmark = pytest.mark.gpu
@@ -225,7 +225,7 @@ def test_rmsnorm(q15, rng):
         x = (rng.standard_normal((n, 1536)) * 3).astype(np.float32)
         gpu, ref = both(s, [x], [dict(op="RmsNorm", inputs=[0], rows=n, cols=1536,
                                       meta=dict(weight="blk.3.attn_norm.weight", eps=1e-6))])
-        close(gpu, ref, 16 * U)
+        close(gpu, ref, 16 * U)  # n = 1: decode's float4 kernel (add_rmsnorm_f4 without a residual); 9: the scalar one
 
 
 def test_qknorm(qwen3, rng):
@@ -514,6 +514,31 @@ def test_greedy_chain_on_device(q05_model, rng):
     assert s.chained_steps == 303
     with pytest.raises(minfer.MinferError, match="exceed the context"):
         s.decode_greedy(first, 300, 21)
+
+
+def test_llm_greedy_takes_the_device_chain(monkeypatch):
+    """minfer.LLM's greedy generation on CUDA takes its tokens from decode_greedy (chained_steps grows) and
+    gives the tokens of the path that reads each step's logits back and samples them on the host."""
+    llm = minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), n_ctx=256, backend="cuda")
+    ids = llm.tokenize("Hello world, this is")
+    before = llm._session.chained_steps
+    chained = llm.generate(ids, max_tokens=40)
+    assert llm._session.chained_steps > before
+    monkeypatch.setattr(minfer.llm, "_CHAIN_DEVICES", ())
+    host = llm.generate(ids, max_tokens=40)
+    assert chained.tokens == host.tokens and chained.text == host.text and len(host.tokens) > 1
+
+
+def test_greedy_on_nan_logits_is_an_error(tmp_path):
+    """The device argmax flags NaN logits: eval_greedy and the device chain raise instead of returning token 0."""
+    s = M.Session(M.Model(str(nan_logits_model(tmp_path))), threads=2, n_ctx=32, device="cuda")
+    for _ in range(2):  # the second step replays the captured graph
+        with pytest.raises(minfer.MinferError, match="logit is NaN"):
+            s.eval_greedy(np.array([3], np.int32), 5)
+    with pytest.raises(minfer.MinferError, match="logit is NaN"):
+        s.decode_greedy(3, 5, 4)
+    with pytest.raises(minfer.MinferError, match="logit is NaN"):  # raised at the chain's first wait
+        s.decode_greedy(3, 6, 300)
 
 
 def test_graph_replay_is_exact(q05_model, rng, monkeypatch):

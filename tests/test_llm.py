@@ -31,6 +31,54 @@ def test_greedy_generate_equals_the_engine_loop(tiny):
         assert m.decode_tps > 0 and 0.0 <= m.decode_overhead < 1.0
 
 
+class _CountingSession:
+    """A Session that counts its decode_greedy calls (everything else forwarded)."""
+
+    def __init__(self, sess):
+        self._sess, self.chains = sess, 0
+
+    def __getattr__(self, name):
+        return getattr(self._sess, name)
+
+    def decode_greedy(self, *args):
+        self.chains += 1
+        return self._sess.decode_greedy(*args)
+
+
+def test_greedy_chain_path_matches_the_sampler_path(tiny, monkeypatch):
+    """Greedy generation on a device that chains steps takes its tokens from Session.decode_greedy, a chunk at a
+    time; it gives the sampler path's tokens, text and stop reason, stop strings included (forced here on the
+    CPU, whose decode_greedy is the step loop).  Sampling that is not a plain argmax keeps the sampler path."""
+    ids = tiny.tokenize("Hello world, this is")
+    ref = tiny.generate(ids, max_tokens=40)
+    full = tiny.generate("One two three", max_tokens=30).text
+    stop = full[3:6]
+    ref_stop = tiny.generate("One two three", max_tokens=30, stop=[stop])
+    proxy = _CountingSession(tiny._session)
+    monkeypatch.setattr(tiny, "_session", proxy)
+    monkeypatch.setattr(minfer.llm, "_CHAIN_DEVICES", ("cpu",))
+    monkeypatch.setattr(minfer.llm, "GREEDY_CHUNK", 3)
+    out = tiny.generate(ids, max_tokens=40)
+    assert (out.tokens, out.text, out.metrics.stop_reason) == (ref.tokens, ref.text, ref.metrics.stop_reason)
+    assert proxy.chains >= (len(out.tokens) - 1) // 3 > 0
+    got = tiny.generate("One two three", max_tokens=30, stop=[stop])
+    assert got.text == ref_stop.text == full[:full.find(stop)] and got.metrics.stop_reason == "stop"
+    assert "".join(tiny.stream("One two three", max_tokens=30, stop=[stop])) == got.text
+    n = proxy.chains
+    tiny.generate(ids, max_tokens=8, temperature=0.5, seed=1)
+    tiny.generate(ids, max_tokens=8, repeat_penalty=1.1)
+    tiny.generate(ids, max_tokens=8, logit_bias={5: 1.0})
+    assert proxy.chains == n
+
+
+def test_sampler_greedy_flag():
+    assert minfer._minfer.Sampler(100).greedy
+    assert minfer._minfer.Sampler(100, top_k=5, top_p=0.5).greedy  # cut-offs do nothing at temperature 0
+    for kw in (dict(temperature=0.5), dict(repeat_penalty=1.1), dict(presence_penalty=0.1),
+               dict(frequency_penalty=0.1), dict(logit_bias={3: -1.0})):
+        assert not minfer._minfer.Sampler(100, **kw).greedy, kw
+
+
 def test_stream_joins_to_generate(tiny):
     a = tiny.generate("The quick brown fox", max_tokens=20, temperature=0.9, seed=5)
     b = "".join(tiny.stream("The quick brown fox", max_tokens=20, temperature=0.9, seed=5))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minfer
-from conftest import real_model, synthetic_model
+from conftest import nan_logits_model, real_model, synthetic_model
 
 M = minfer._minfer
 
@@ -56,6 +56,16 @@ def test_decode_greedy_is_eval_greedy_in_a_loop(qwen2):
                       ((-1, 9, 2), "token id -1"), ((first, -1, 2), "negative start position")):
         with pytest.raises(minfer.MinferError, match=msg):
             s.decode_greedy(*args)
+
+
+def test_greedy_on_nan_logits_is_an_error(tmp_path):
+    """The argmax of NaN logits has no answer: eval_greedy and decode_greedy raise, as the sampler does."""
+    s = M.Session(M.Model(str(nan_logits_model(tmp_path))), threads=2, n_ctx=32)
+    assert np.isnan(s.eval(np.arange(5, dtype=np.int32), 0)).all()
+    with pytest.raises(minfer.MinferError, match="logit 0 is NaN"):
+        s.eval_greedy(np.arange(5, dtype=np.int32), 0)
+    with pytest.raises(minfer.MinferError, match="NaN"):
+        s.decode_greedy(3, 5, 4)
 
 
 def test_engine_greedy_chunks_as_the_step_loop(qwen2):

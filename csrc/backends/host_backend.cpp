@@ -1,6 +1,7 @@
 #include "backends/host_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 
@@ -21,6 +22,8 @@ bool op_in_place_ok(Op op) {
 int Backend::argmax(int id, size_t offset, size_t n) {
     std::vector<float> v(n);
     read_host(id, offset, v.data(), n);
+    for (size_t i = 0; i < n; i++)
+        if (std::isnan(v[i])) throw MinferError(strfmt("argmax: logit %zu is NaN (the model produced NaN)", i));
     return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima
 }
 

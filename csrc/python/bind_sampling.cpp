@@ -32,7 +32,9 @@ void bind_sampling(py::module_& m) {
             return s.sample(logits.data(), int(logits.size()));
         }, py::arg("logits"), "the next token for a [n_vocab] logit vector")
         .def("accept", &Sampler::accept, py::arg("token"), "record a generated token (penalty window)")
-        .def("reset", &Sampler::reset);
+        .def("reset", &Sampler::reset)
+        .def_property_readonly("greedy", &Sampler::greedy,
+                               "every token is the argmax of the logits as they are (no temperature, bias or penalty)");
 }
 
 }  // namespace minfer

@@ -34,6 +34,12 @@ class Sampler {
     void accept(int token);
     void reset();  // history and generator back to the start
     const SamplerParams& params() const { return p_; }
+    // Whether every token is the plain argmax of the logits (temperature 0, no bias, no penalties): then
+    // the argmax may be taken where the logits are (Session.decode_greedy) instead of here.
+    bool greedy() const {
+        return p_.temperature == 0.0f && p_.logit_bias.empty() && p_.repeat_penalty == 1.0f &&
+               p_.presence_penalty == 0.0f && p_.frequency_penalty == 0.0f;
+    }
 
   private:
     double uniform();  // [0, 1)

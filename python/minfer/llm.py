@@ -9,9 +9,11 @@
 
 The decode loop is Python over the native Session: one eval for the part of
 the prompt that is not already in the KV cache (a follow-up chat turn reuses
-the shared prefix), then one eval per token, each followed by the C++ sampler.
-Calls on one LLM are serialized by a lock; `cancel()` from another thread stops
-the running generation before its next token.
+the shared prefix), then one eval per token, each followed by the C++ sampler
+(greedy sampling on CUDA: Session.decode_greedy, GREEDY_CHUNK steps at a time
+with the argmax on the device, no logits read back).  Calls on one LLM are
+serialized by a lock; `cancel()` from another thread stops the running
+generation before its next token.
 """
 from __future__ import annotations
 
@@ -55,6 +57,12 @@ class Completion:
 
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                  "frequency_penalty", "penalty_last_n", "logit_bias", "seed")
+
+# Greedy sampling on a device that chains decode steps (Session.decode_greedy) takes its tokens GREEDY_CHUNK
+# at a time: the argmax stays on the device and no logits come back; text still streams token by token,
+# and the steps a chunk ran past a stop are dropped.  Elsewhere each step's logits go through the sampler.
+GREEDY_CHUNK = 16
+_CHAIN_DEVICES = ("cuda",)
 
 
 class LLM:
@@ -217,12 +225,14 @@ class _Generation:
             detok = tokenizer.Detokenizer(llm.tokenizer)
             text_sent, pending = 0, ""
             pos, t_first, t_eval = len(ids), None, 0.0
+            chain = self.sampler.greedy and sess.device in _CHAIN_DEVICES and GREEDY_CHUNK > 0
+            ahead: list[int] = []  # with chain: tokens the device picked, not yet taken
             m.stop_reason = "length"
             while m.generated_tokens < self.max_tokens:
                 if llm._cancel.is_set():
                     m.stop_reason = "cancelled"
                     break
-                tok = self.sampler.sample(logits[-1])
+                tok = ahead.pop(0) if ahead else self.sampler.sample(logits[-1])
                 if t_first is None:
                     t_first = time.perf_counter()
                     m.ttft_s = t_first - t0
@@ -250,7 +260,11 @@ class _Generation:
                     m.stop_reason = "context"
                     break
                 t_e = time.perf_counter()
-                logits = sess.eval(np.array([tok], np.int32), pos)
+                if not chain:
+                    logits = sess.eval(np.array([tok], np.int32), pos)
+                elif not ahead:  # never more steps than tokens still to take or room in the context
+                    n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
+                    ahead = sess.decode_greedy(tok, pos, n).tolist()
                 t_eval += time.perf_counter() - t_e
                 llm._cached.append(tok)
                 pos += 1

@@ -380,9 +380,11 @@ void CudaBackend::synchronize() {
     const uint32_t e = *(volatile uint32_t*)err_host_;
     if (e) {
         *err_host_ = 0;
-        throw MinferError(strfmt("CUDA: invalid input found on the device:%s%s",
+        if (e == kNanLogit) throw MinferError("CUDA: a logit is NaN (the model produced NaN)");
+        throw MinferError(strfmt("CUDA: invalid input found on the device:%s%s%s",
                                  e & kBadTokenId ? " a token id is out of range of the embedding" : "",
-                                 e & kBadPosition ? " a position is outside the KV cache" : ""));
+                                 e & kBadPosition ? " a position is outside the KV cache" : "",
+                                 e & kNanLogit ? " (and a logit is NaN)" : ""));
     }
 }
 
@@ -402,7 +404,7 @@ void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
 
 int CudaBackend::argmax(int id, size_t offset, size_t n) {
     usable();
-    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, stream_);
+    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_);
     synchronize();
     return *(volatile int*)argmax_host_;
 }
@@ -414,7 +416,7 @@ bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int
         const int m = std::min(kChainSteps, steps - done);
         for (int i = 0; i < m; i++) {
             step();
-            cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, stream_,
+            cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_,
                          cuda::ArgmaxFeed{(int32_t*)raw(token_id), (int32_t*)raw(pos_id), chain_dev_ + i});
         }
         synchronize();
@@ -516,10 +518,17 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::TailRow:
             return cuda::copy_rows(at(a.in[0]) + int64_t(m.src_row) * ld(0), ld(0), at(a.out), a.out.ld, 1, cols, stream_);
-        case Op::RmsNorm: case Op::QkNorm:
-            return cuda::rmsnorm(at(a.in[0]), ld(0), at(a.out), a.out.ld, rows, cols,
-                                 node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps,
-                                 stream_);
+        case Op::RmsNorm: case Op::QkNorm: {
+            cuda::Q8Act q8;  // decode's whole-row norm: also the next projection's 8-bit activations
+            if (node.op == Op::RmsNorm && decode_q8_ && rows <= kMatvecMaxRows && cols % 64 == 0)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
+                                  rows, cols);
+            if (cuda::rmsnorm(at(a.in[0]), ld(0), at(a.out), a.out.ld, rows, cols,
+                              node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps, q8,
+                              stream_))
+                prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+            return;
+        }
         case Op::MatMul:
             return project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
         case Op::FusedQKV:
@@ -530,9 +539,10 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                               proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
             float* y = at(a.out);
             cuda::rmsnorm(y, a.out.ld, y, a.out.ld, rows, m.q_cols, m.head_dim, (const float*)weight(m.q_norm).p, m.eps,
-                          stream_);
-            return cuda::rmsnorm(y + m.q_cols, a.out.ld, y + m.q_cols, a.out.ld, rows, m.k_cols, m.head_dim,
-                                 (const float*)weight(m.k_norm).p, m.eps, stream_);
+                          cuda::Q8Act{}, stream_);
+            cuda::rmsnorm(y + m.q_cols, a.out.ld, y + m.q_cols, a.out.ld, rows, m.k_cols, m.head_dim,
+                          (const float*)weight(m.k_norm).p, m.eps, cuda::Q8Act{}, stream_);
+            return;
         }
         case Op::FusedFFN:
             return project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);

@@ -57,14 +57,20 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int chunk, float* pv,
-                              int* pi, int* out, ArgmaxFeed feed) {
+                              int* pi, int* out, uint32_t* err, ArgmaxFeed feed) {
     pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
     const int first = blockIdx.x * chunk, last = min(n, first + chunk);
     float v = -INFINITY;
     int i = INT_MAX;
-    for (int j = first + threadIdx.x; j < last; j += blockDim.x) better(v, i, x[j], ids ? ids[j] : j);
+    bool nan = false;
+    for (int j = first + threadIdx.x; j < last; j += blockDim.x) {
+        const float xj = x[j];
+        nan |= xj != xj;
+        better(v, i, xj, ids ? ids[j] : j);
+    }
+    if (err && __syncthreads_or(nan) && threadIdx.x == 0) atomicOr(err, kNanLogit);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     if ((threadIdx.x & 31) == 0) sv[threadIdx.x >> 5] = v, si[threadIdx.x >> 5] = i;
@@ -89,18 +95,18 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
 
 }  // namespace
 
-void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s, ArgmaxFeed feed) {
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed) {
     // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,
     // then one block over their winners.
     const int chunk = std::max(4096, (n + kArgmaxBlocks - 1) / kArgmaxBlocks), blocks = (n + chunk - 1) / chunk;
     float* pv = (float*)partial;
     int* pi = (int*)(pv + kArgmaxBlocks);
     if (blocks == 1) return launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, (const int*)nullptr, n, n,
-                                   (float*)nullptr, (int*)nullptr, out, feed);
+                                   (float*)nullptr, (int*)nullptr, out, err, feed);
     launch("argmax", argmax_kernel, dim3(unsigned(blocks)), dim3(1024), 0, s, x, (const int*)nullptr, n, chunk, pv, pi,
-           (int*)nullptr, ArgmaxFeed{});
+           (int*)nullptr, err, ArgmaxFeed{});
     launch("argmax_final", argmax_kernel, dim3(1), dim3(1024), 0, s, (const float*)pv, (const int*)pi, blocks, blocks,
-           (float*)nullptr, (int*)nullptr, out, feed);
+           (float*)nullptr, (int*)nullptr, out, (uint32_t*)nullptr, feed);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

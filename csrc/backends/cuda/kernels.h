@@ -10,7 +10,7 @@ namespace minfer::cuda {
 
 // Device-side input errors (a token id or position out of range) are recorded
 // here and raised by the backend at the next synchronize.
-enum ErrorBits : uint32_t { kBadTokenId = 1, kBadPosition = 2 };
+enum ErrorBits : uint32_t { kBadTokenId = 1, kBadPosition = 2, kNanLogit = 4 };
 
 bool type_supported(uint32_t type);
 int64_t row_bytes(uint32_t type, int64_t cols);
@@ -66,8 +66,9 @@ void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, con
               float* y, int64_t ldy, uint32_t* err, cudaStream_t s);
 
 // RmsNorm over groups of `width` columns (width == cols: RmsNorm; head_dim: QkNorm) (norm_rope.cu).
-void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width,
-             const float* w, float eps, cudaStream_t s);
+// Returns whether it also wrote q8 (decode's whole-row norm, out of place, with q8.q set).
+bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width,
+             const float* w, float eps, Q8Act q8, cudaStream_t s);
 // y[:, :cols] = a + b, y[:, cols:] = RmsNorm(a + b) (the residual add fused with the next norm).
 // With q8.q set, the norm is also written as decode's 8-bit activations (matvec_q8).
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
@@ -117,7 +118,8 @@ struct ArgmaxFeed {
     int32_t* pos = nullptr;
     int32_t* result = nullptr;
 };
-void argmax(const float* x, int n, int* out, void* partial, cudaStream_t s, ArgmaxFeed feed = {});
+// A NaN among the n values sets kNanLogit in *err (NaN is never the winner).
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {});
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 
 }  // namespace minfer::cuda

@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 // Decode's add + RMSNorm (rows <= 4; cols % 32 == 0, at most 4096; rows 16-byte aligned): four values per
 // thread as float4, every load of the row in flight at once (a quarter of add_rmsnorm_kernel's load
 // instructions); block x of a row writes float4s [256 x, 256 x + 256) and sums the whole row's squares
-// itself.  The 8-bit activations come from quantize_lane4 (the same bytes as quantize_lane).
+// itself.  The 8-bit activations come from quantize_lane4 (the same bytes as quantize_lane).  With b null
+// it is decode's plain RmsNorm (the first layer's): y[:, :cols] = RmsNorm(a), no sum window.
 constexpr int kNormF4 = 4;  // float4s per thread: 4 * 256 * 4 = 4096 values
 
 __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int
         const int i = j * 256 + threadIdx.x;
         v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < n4) {
-            const float4 x = ar[i], z = br[i];
+            const float4 x = ar[i], z = b ? br[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             v[j] = make_float4(x.x + z.x, x.y + z.y, x.z + z.z, x.w + z.w);
         }
         ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
@@ -111,9 +112,11 @@ __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int
         if (j == int(blockIdx.x)) sv = v[j];
     const float4 xv = make_float4(sv.x * scale * wv.x, sv.y * scale * wv.y, sv.z * scale * wv.z, sv.w * scale * wv.w);
     float* yr = y + int64_t(row) * ldy;
-    if (mine) {
+    if (mine && b) {
         ((float4*)yr)[f] = sv;
         ((float4*)(yr + cols))[f] = xv;
+    } else if (mine) {
+        ((float4*)yr)[f] = xv;
     }
     if (q8.q) quantize_lane4(xv, mine, q8.q + int64_t(row) * cols + 4 * f, q8.ds + int64_t(row) * (cols / 32) + f / 8);
 }
@@ -232,13 +235,33 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict_
 
 }  // namespace
 
-void rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width, const float* w,
-             float eps, cudaStream_t s) {
+namespace {
+
+bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; }
+
+bool norm_v1() {  // MINFER_CUDA_NORM=v1: decode's norms through the scalar kernels (A/B lever)
+    const char* lever = std::getenv("MINFER_CUDA_NORM");
+    return lever && std::strcmp(lever, "v1") == 0;
+}
+
+}  // namespace
+
+bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, int width, const float* w,
+             float eps, Q8Act q8, cudaStream_t s) {
     if (width <= 0 || cols % width)
         throw MinferError(strfmt("CUDA rmsnorm: %d columns are not whole groups of %d", cols, width));
+    // Decode's whole-row norm (the first layer's): the float4 kernel, which also writes the 8-bit activations.
+    // It runs out of place only (its blocks read the whole row before any writes its part).
+    if (width == cols && rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(x, ldx) &&
+        aligned16(y, ldy) && aligned16(w, 0) && x != y && !norm_v1()) {
+        launch("rmsnorm", add_rmsnorm_f4_kernel, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0,
+               s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
+        return q8.q != nullptr;
+    }
     const int threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
     launch("rmsnorm", rmsnorm_kernel, dim3(unsigned(rows), unsigned(cols / width)), dim3(threads), 0, s, x, ldx, y, ldy,
            width, w, eps);
+    return false;
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
@@ -246,10 +269,8 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
-    const auto a16 = [](const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; };
-    const char* lever = std::getenv("MINFER_CUDA_NORM");  // "v1": the scalar kernel (A/B lever)
-    if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && a16(a, lda) && a16(b, ldb) && a16(y, ldy) &&
-        a16(w, 0) && !(lever && std::strcmp(lever, "v1") == 0)) {
+    if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
+        aligned16(y, ldy) && aligned16(w, 0) && !norm_v1()) {
         launch("add_rmsnorm", add_rmsnorm_f4_kernel, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
                0, s, a, lda, b, ldb, y, ldy, cols, w, eps, q8);
         return;
