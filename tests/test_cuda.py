@@ -531,7 +531,7 @@ def test_llm_greedy_takes_the_device_chain(monkeypatch):
 
 def test_greedy_on_nan_logits_is_an_error(tmp_path):
     """The device argmax flags NaN logits: eval_greedy and the device chain raise instead of returning token 0."""
-    s = M.Session(M.Model(str(nan_logits_model(tmp_path))), threads=2, n_ctx=32, device="cuda")
+    s = M.Session(M.Model(str(nan_logits_model(tmp_path))), threads=2, n_ctx=320, device="cuda")
     for _ in range(2):  # the second step replays the captured graph
         with pytest.raises(minfer.MinferError, match="logit is NaN"):
             s.eval_greedy(np.array([3], np.int32), 5)
