@@ -371,6 +371,12 @@ def test_argmax(k, rng):
         k.dispatch("argmax", {0: pack("I", n), 1: x, 2: out}, grid=(1, 1, 1), tg=(1024, 1, 1),
                    tg_bytes={0: 128, 1: 128})
         assert out[0] == np.argmax(x)
+    x = rng.standard_normal(151936).astype(np.float32)
+    x[[7, 120000]] = [np.nan, x.max() + 1]  # a NaN is never the winner: the kernel answers -1 (the host raises)
+    out = np.full(1, 5, np.int32)
+    k.dispatch("argmax", {0: pack("I", 151936), 1: x, 2: out}, grid=(1, 1, 1), tg=(1024, 1, 1),
+               tg_bytes={0: 128, 1: 128})
+    assert out[0] == -1
 
 
 def test_results_do_not_depend_on_thread_order(k, rng):

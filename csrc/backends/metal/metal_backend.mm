@@ -454,7 +454,9 @@ int MetalBackend::argmax(int id, size_t offset, size_t n) {
     dispatch("argmax", &count, sizeof count, {Bound{bufs_.at(size_t(id)).b, offset * 4, n * 4}, Bound{token_, 0, 4}},
              MTLSizeMake(1, 1, 1), MTLSizeMake(1024, 1, 1), {32 * 4, 32 * 4});
     synchronize();
-    return *(const int*)[token_ contents];
+    const int t = *(const int*)[token_ contents];
+    if (t < 0) throw MinferError("Metal: a logit is NaN (the model produced NaN)");
+    return t;
 }
 
 void MetalBackend::write_host(int id, size_t offset, const float* src, size_t n) {
