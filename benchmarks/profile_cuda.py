@@ -66,8 +66,9 @@ def workload(layout: str, depth: int, steps: int, one_step: bool = False, timeli
 
 
 def short_name(mangled: str) -> str:
-    """`_ZN12_GLOBAL__N_119matvec_q4k_pipe_kernelILi0EEEvN...` -> `matvec_q4k_pipe_kernel<0>` (enough to tell
-    the kernels and their per-type builds apart without c++filt)."""
+    """`_ZN6minfer4cuda45_GLOBAL__N__<hash>_12_matvec_q8_cu_<hash>22matvec_q4k_pipe_kernelILi1EEEvN...` ->
+    `matvec_q4k_pipe_kernel<1>`: the last name of the nested name, and its first template argument if that is an
+    int (enough to tell the kernels and their per-type builds apart without c++filt)."""
     if not mangled.startswith("_Z"):
         return mangled
     s, i, parts = mangled, 2, []

@@ -82,10 +82,10 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
         for (int o = 16; o > 0; o >>= 1)
             better(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
         if (threadIdx.x == 0) {
-            const int win = i != INT_MAX ? i : 0;  // all -inf (or NaN): token 0, as a scan would pick
             if (!out) {
                 pv[blockIdx.x] = v, pi[blockIdx.x] = i;
             } else {
+                const int win = i != INT_MAX ? i : 0;  // all -inf: token 0, as a scan would pick
                 *out = win;
                 if (feed.token) *feed.token = win, *feed.pos += 1, *feed.result = win;
             }
