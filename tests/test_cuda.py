@@ -373,6 +373,40 @@ def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
         s.run_ops("cuda", inputs, nodes)
 
 
+@pytest.mark.parametrize("head_dim,first,n_ctx", [(128, 90, 1024), (64, 700, 1024), (128, 200, 256), (128, 1100, 1300),
+                                                  (64, 1100, 1300), (128, 6200, 6400)])
+def test_decode_attention_cluster_merge(q15, rng, monkeypatch, head_dim, first, n_ctx):
+    """Decode's splits merged inside the attention kernel by one cluster of up to 8 blocks a head (distributed
+    shared memory) match the reference, as the combine launch does: blocks with no chunk (90 and 700 positions
+    in 1024), a cluster of 2 (n_ctx 256), and blocks that walk 2 and 7 chunks (1100 positions in 1300, 6200 in
+    6400; the lever forces the cluster merge, which the rule gives only 8-split caches at 12 heads).  Two
+    attentions in a row give the same bits; a bad lever value is an error."""
+    m, s = q15
+    n_head, n_head_kv = 12, 2
+    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
+    pos_all = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
+    inputs = [q, k, v, pos_all, pos_all[-1:]]
+    ref = s.run_ops("reference", inputs, nodes[:2])[-1]
+    out = s.run_ops("cuda", inputs, nodes)
+    assert np.array_equal(out[-1], out[-2])
+    close(out[-1], ref, 1e-5)
+    for merge in ("cluster", "combine"):  # forced either way (auto keeps 12 heads of more than 8 splits on the combine)
+        monkeypatch.setenv("MINFER_CUDA_ATTN_MERGE", merge)
+        out = s.run_ops("cuda", inputs, nodes)
+        assert np.array_equal(out[-1], out[-2])
+        close(out[-1], ref, 1e-5)
+    monkeypatch.setenv("MINFER_CUDA_ATTN_MERGE", "dsmem")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine'"):
+        s.run_ops("cuda", inputs, nodes[:2])
+
+
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
@@ -525,7 +559,9 @@ def test_llm_greedy_takes_the_device_chain(monkeypatch):
     chained = llm.generate(ids, max_tokens=40)
     assert llm._session.chained_steps > before
     monkeypatch.setattr(minfer.llm, "_CHAIN_DEVICES", ())
-    host = llm.generate(ids, max_tokens=40)
+    # a second LLM, so that its prompt is prefilled too (the first one's cache would have its last prompt token
+    # evaluated as a decode step: other arithmetic for the first token's logits)
+    host = minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), n_ctx=256, backend="cuda").generate(ids, max_tokens=40)
     assert chained.tokens == host.tokens and chained.text == host.text and len(host.tokens) > 1
 
 

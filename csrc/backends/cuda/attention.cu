@@ -28,6 +28,7 @@ namespace minfer::cuda {
 namespace {
 
 constexpr int kChunk = 128, kThreads = 128, kMaxHeadDim = 256;
+constexpr int kClusterSplits = 8;  // blocks a cluster of the decode merge (the portable cluster size)
 
 __device__ __forceinline__ float kv_at(uint32_t kv_type, const uint8_t* base, int64_t j, int dim, int col) {
     if (kv_type == GGML_TYPE_F16) return __half2float(((const __half*)base)[j * dim + col]);
@@ -157,6 +158,23 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     }
 }
 
+// The first block of a cluster waits for every block of it to have started before anyone writes into its
+// shared memory (arrive at the start, wait before the write), and reads after a second barrier.
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_arrive_release() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+
+// The generic address of `p` (this block's shared memory) in the shared memory of block `rank` of the cluster.
+__device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
+    uint64_t r;
+    asm volatile("mapa.u64 %0, %1, %2;\n" : "=l"(r) : "l"(p), "r"(rank));
+    return (float*)r;
+}
+
 // Decode (one query row) over an f16 cache, one block per (head, split of 128
 // positions): each warp owns 32 of the positions -- one score per lane, a
 // softmax within the warp, then P V with lanes across the head's dims (two per
@@ -281,6 +299,167 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
         else part[2 + d] = o;
     }
     if (S > 1 && threadIdx.x == 0) part[0] = M, part[1] = L;
+}
+
+// attention_decode_f16's chunk arithmetic with its splits merged in the kernel: one thread-block cluster of
+// C = gridDim.z (<= 8, cluster_merge_splits) blocks per head; block z takes chunks z, z + C, z + 2C, ... of the row's visible
+// positions (merging them as it goes), then every block sends its (max, sum, output) to the cluster's first
+// block through distributed shared memory, which merges the C of them in block order, writes the output and
+// rounds it to 8-bit blocks (q8) for the O projection: no combine launch and no round trip through L2.  The
+// grid no longer grows with the cache: 512 positions in the benchmark's 4352 are 4 busy blocks of 8 a head,
+// where the per-chunk grid had 34 (29 with nothing to do).
+template <int HD>
+__global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a, const float* __restrict__ q,
+                                                                const int32_t* __restrict__ pos,
+                                                                const __half* __restrict__ K,
+                                                                const __half* __restrict__ V, float* __restrict__ out,
+                                                                float* __restrict__ partial, uint32_t* err, Q8Act q8) {
+    constexpr int W = kThreads / 32, NV = HD / 64;
+    static_assert(HD <= kThreads, "a thread per output value");
+    __shared__ float qs[HD];
+    __shared__ float wm[W], wl[W];
+    __shared__ float wo[W][HD];
+    __shared__ float inbox[kClusterSplits][HD + 2];  // the first block's, a slot per block of the cluster
+    const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
+    const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
+    const int p = pos[0];
+    float* o_final = out + int64_t(h) * HD;
+    if (p < 0 || p >= a.n_ctx) {  // uniform over the grid
+        pdl_start();
+        if (threadIdx.x == 0) atomicOr(err, kBadPosition);
+        if (d < HD && z == 0) o_final[d] = 0.0f;
+        return;
+    }
+    // a block with no chunk (z past p / 128) runs through with no loads to send the empty partial (-inf, 0, 0)
+    cluster_arrive_relaxed();
+    uint4 kr[HD / 8];     // this lane's K row j
+    uint32_t vr[32][NV];  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    // Rows before p were stored by earlier steps (graph launches are full dependencies); row p is this step's
+    // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
+    auto load_chunk = [&](int zc, bool early) {
+        const int j0 = zc * kChunk + warp * 32, j = j0 + lane, lim = early ? p : p + 1;
+        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
+        if (j < lim) {
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
+        }
+#pragma unroll
+        for (int jj = 0; jj < 32; jj++) {
+            const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
+#pragma unroll
+            for (int i = 0; i < NV; i++) vr[jj][i] = j0 + jj < lim ? vp[lane + 32 * i] : 0u;
+        }
+    };
+    int zc = z;
+    load_chunk(zc, true);
+    pdl_start();
+    {  // row p, if it is this block's first chunk's
+        const int j0 = zc * kChunk + warp * 32, j = j0 + lane;
+        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
+        if (j == p) {
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
+        }
+        if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
+#pragma unroll
+            for (int jj = 0; jj < 32; jj++) {
+                const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
+#pragma unroll
+                for (int i = 0; i < NV; i++)
+                    if (j0 + jj == p) vr[jj][i] = vp[lane + 32 * i];
+            }
+        }
+    }
+    if (d < HD) qs[d] = q[int64_t(h) * HD + d];
+    __syncthreads();
+    float Mb = -INFINITY, Lb = 0.0f, ob = 0.0f;  // the block's merge of its chunks so far (ob: value d)
+    for (;;) {
+        const int j = zc * kChunk + warp * 32 + lane;
+        float sc = -INFINITY;
+        if (j <= p) {
+            float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
+#pragma unroll
+            for (int i = 0; i < HD / 8; i++) {
+                const __half2* h2 = (const __half2*)&kr[i];
+#pragma unroll
+                for (int t = 0; t < 4; t++) {
+                    const float2 f = __half22float2(h2[t]);
+                    dot[t] += qs[8 * i + 2 * t] * f.x;
+                    dot[t] += qs[8 * i + 2 * t + 1] * f.y;
+                }
+            }
+            sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
+        }
+        const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
+        const float e = j <= p ? expf(sc - m) : 0.0f;
+        const float l = warp_sum(e);
+        float acc[NV][2];
+#pragma unroll
+        for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
+#pragma unroll
+        for (int jj = 0; jj < 32; jj++) {
+            const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
+#pragma unroll
+            for (int i = 0; i < NV; i++) {
+                const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
+                acc[i][0] += w * v.x;
+                acc[i][1] += w * v.y;
+            }
+        }
+        if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+        for (int i = 0; i < NV; i++)
+            wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
+        __syncthreads();
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
+        float f[W], L = 0.0f;
+#pragma unroll
+        for (int w = 0; w < W; w++) {
+            f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
+            L += f[w] * wl[w];
+        }
+        float o = 0.0f;
+        if (d < HD) {
+#pragma unroll
+            for (int w = 0; w < W; w++) o += f[w] * wo[w][d];
+        }
+        const float Mn = fmaxf(Mb, M), fb = Mb > -INFINITY ? expf(Mb - Mn) : 0.0f,
+                    fc = M > -INFINITY ? expf(M - Mn) : 0.0f;
+        Lb = fb * Lb + fc * L;
+        ob = fb * ob + fc * o;
+        Mb = Mn;
+        zc += S;
+        if (zc * kChunk > p) break;  // uniform over the block
+        __syncthreads();             // wm, wl, wo are read before the next chunk writes them
+        load_chunk(zc, false);
+    }
+    {
+        const unsigned rank = unsigned(z);
+        cluster_wait();  // every block of the cluster has started
+        float* slot = cluster_peer(&inbox[rank][0], 0);
+        if (d < HD) slot[2 + d] = ob;
+        if (threadIdx.x == 0) slot[0] = Mb, slot[1] = Lb;
+        cluster_arrive_release();
+        if (rank != 0) return;  // nothing reads this block's shared memory
+        cluster_wait();
+        float M = -INFINITY;
+        for (int i = 0; i < S; i++) M = fmaxf(M, inbox[i][0]);
+        float L = 0.0f, o = 0.0f;
+        for (int i = 0; i < S; i++) {
+            const float w = inbox[i][0] > -INFINITY ? expf(inbox[i][0] - M) : 0.0f;
+            L += w * inbox[i][1];
+            if (d < HD) o += w * inbox[i][2 + d];
+        }
+        if (d < HD) {  // whole warps (HD % 32 == 0): a warp holds 32 consecutive values, as quantize_lane needs
+            const float v = L > 0.0f ? o / L : 0.0f;
+            o_final[d] = v;
+            const int64_t col = int64_t(h) * HD + d;
+            if (q8.q) quantize_lane(v, q8.q + col, q8.ds + col / 32);
+        }
+    }
 }
 
 // Merges the partials of each (row, head): weights exp(m_z - max m).  Only the
@@ -491,6 +670,31 @@ bool decode_f16_kernel_on() {
     throw MinferError(strfmt("MINFER_CUDA_ATTN must be 'auto' or 'general', got '%s'", v));
 }
 
+// The blocks a head of the cluster merge (attention_decode_f16_cl), or 0 for the split grid and the combine.
+// The cluster merge takes decode where each of its blocks walks one chunk (S <= 8: the split grid's
+// parallelism without the combine launch) or where its n_head x 8 blocks fill the GPU.  Measured (CUDA_NOTES
+// run 106, chained decode at 512 / 4096 positions of a 4352 cache): the 7B (28 heads, 224 blocks) 514 -> 533 /
+// 423 -> 441 tok/s; the 1.5B and 0.5B (12 and 14 heads: 96 and 112 blocks, each walking up to 5 chunks at
+// 4096) gained 4 % at 512 but lost 11-14 % at 4096 (and clusters of 16 lost the gain at 512), so with more than
+// 8 splits they keep the split grid.  MINFER_CUDA_ATTN_MERGE=auto|cluster|combine (A/B lever; read per call, a
+// captured graph keeps its choice).
+int cluster_merge_splits(const AttnShape& a, int S) {
+    const char* v = std::getenv("MINFER_CUDA_ATTN_MERGE");
+    const int C = std::min(S, kClusterSplits);
+    if (v && *v && std::strcmp(v, "auto")) {
+        if (!std::strcmp(v, "cluster")) return C;
+        if (!std::strcmp(v, "combine")) return 0;
+        throw MinferError(strfmt("MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine', got '%s'", v));
+    }
+    static const int sms = [] {
+        int dev = 0, n = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
+        return n > 0 ? n : 132;
+    }();
+    return S <= kClusterSplits || int64_t(a.n_head) * C >= sms ? C : 0;
+}
+
 bool attention_uses_tensor_cores(const AttnShape& a) {
     return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
 }
@@ -529,6 +733,13 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (size_t(S) * sizeof(float) > 48 * 1024)  // the combine's weights live in shared memory
         throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
+    const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
+    if (C) {  // one cluster of C splits a head, merging in distributed shared memory
+        launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
+                           dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
+                           (const __half*)V, out, scratch, err, q8);
+        return;
+    }
     if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
                dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,

@@ -89,21 +89,37 @@ inline bool pdl_enabled() {
     return on;
 }
 
+// cluster_z > 0: thread-block clusters of (1, 1, cluster_z) blocks (grid.z a multiple of it).
 template <typename... P, typename... A>
-void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+void launch_in_clusters(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+                        unsigned cluster_z, A... args) {
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_z) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = cluster_z;
+    }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = s;
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, P(args)...);
     if (e != cudaSuccess) throw MinferError(strfmt("CUDA: launching %s failed: %s", name, cudaGetErrorString(e)));
     check_launch(name);
+}
+
+template <typename... P, typename... A>
+void launch(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args) {
+    launch_in_clusters(name, kernel, grid, block, smem, s, 0u, args...);
 }
 
 }  // namespace minfer::cuda
