@@ -550,6 +550,22 @@ def test_greedy_chain_on_device(q05_model, rng):
         s.decode_greedy(first, 300, 21)
 
 
+def test_greedy_chain_on_a_short_step():
+    """The device chain on the tiny layout, whose steps are a few microseconds: its tokens are eval_greedy's
+    in a loop.  Each step's first kernel waits for the previous step's argmax before it lets the next kernels
+    start; releasing first, they read the position before the argmax had advanced it (wrong from step 3)."""
+    path = str(synthetic_model("qwen2-tiny-q8_0"))
+    prompt = np.array([9707, 1879, 11, 419, 374], np.int32)
+    s = M.Session(M.Model(path), threads=2, n_ctx=256, device="cuda")
+    first = s.eval_greedy(prompt, 0)
+    chained = s.decode_greedy(first, len(prompt), 60).tolist()
+    tok, loop = first, []
+    for i in range(60):
+        tok = s.eval_greedy(np.array([tok], np.int32), len(prompt) + i)
+        loop.append(tok)
+    assert chained == loop
+
+
 def test_llm_greedy_takes_the_device_chain(monkeypatch):
     """minfer.LLM's greedy generation on CUDA takes its tokens from decode_greedy (chained_steps grows) and
     gives the tokens of the path that reads each step's logits back and samples them on the host."""

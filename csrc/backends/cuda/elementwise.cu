@@ -33,7 +33,7 @@ __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t l
 template <int T>
 __global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w, int64_t K, int64_t rb,
                                 const int32_t* __restrict__ ids, float* __restrict__ y, int64_t ldy, uint32_t* err) {
-    pdl_start();
+    pdl_wait_then_release();  // a step's first kernel
     const int r = blockIdx.y;
     const int64_t c = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (c >= K / 8) return;
