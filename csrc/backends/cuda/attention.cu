@@ -218,7 +218,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
     uint4 kr[HD / 8];                     // this lane's K row j
     uint32_t vr[32][NV];                  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
-    // Rows before p were stored by earlier steps (graph launches are full dependencies), so they are
+    // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step), so they are
     // loaded before the wait, overlapping the kernels before; row p is this step's RoPE + KV store.
     const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
     if (j < p) {
@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     cluster_arrive_relaxed();
     uint4 kr[HD / 8];     // this lane's K row j
     uint32_t vr[32][NV];  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
-    // Rows before p were stored by earlier steps (graph launches are full dependencies); row p is this step's
+    // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step); row p is this step's
     // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
     auto load_chunk = [&](int zc, bool early) {
         const int j0 = zc * kChunk + warp * 32, j = j0 + lane, lim = early ? p : p + 1;

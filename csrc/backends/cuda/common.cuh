@@ -71,9 +71,11 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // early loads, +3-7 % decode); it is safe because that kernel's own wait is for this
 // one, which cannot complete before its wait returns.  MINFER_CUDA_PDL=0 launches
 // plainly (A/B).  A kernel may read what no kernel of the step writes (weights, the
-// positions uploaded before the step, the KV rows of earlier steps) before
-// pdl_start(), so that those reads overlap the kernels before; everything else
-// comes after it.
+// step's token and positions, the KV rows of earlier steps) before pdl_start(), so
+// that those reads overlap the kernels before; everything else comes after it.  That
+// holds because a step's first kernel waits before it releases the rest
+// (pdl_wait_then_release): nothing of the step starts before the previous step's
+// kernels -- the device chain's argmax, which writes the token and position -- end.
 __device__ __forceinline__ void pdl_start() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
