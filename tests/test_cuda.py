@@ -344,23 +344,28 @@ def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, rows,
         close(gpu, ref, 1e-5)
 
 
-@pytest.mark.parametrize("head_dim,first", [(128, 700), (64, 700), (64, 90), (128, 6200)])
-def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
-    """Decode over an f16 cache takes the warp-split kernel; MINFER_CUDA_ATTN=general the general one.
-    Both match the reference (f32 sums in different orders); the switch changes the computation.
-    At 6200 the combine merges 49 splits (more than its first warp has lanes)."""
-    m, s = q15
-    n_head, n_head_kv, n_ctx = 12, 2, max(1024, first + 200)
+def decode_attention_case(rng, head_dim, first, n_ctx, attentions):
+    """12 query heads over 2 KV heads: the f16 cache filled with positions 0..first (a multi-row store), then
+    `attentions` one-row attentions at the last position."""
+    n_head, n_head_kv = 12, 2
     q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
     k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
     v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
     meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
                 attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
     pos_all = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
-    # fill the cache (a multi-row store), then attend with one row at the last position
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
-             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
-    inputs = [q, k, v, pos_all, pos_all[-1:]]
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta)]
+    nodes += [dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)] * attentions
+    return [q, k, v, pos_all, pos_all[-1:]], nodes
+
+
+@pytest.mark.parametrize("head_dim,first", [(128, 700), (64, 700), (64, 90), (128, 6200)])
+def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
+    """Decode over an f16 cache takes the warp-split kernel; MINFER_CUDA_ATTN=general the general one.
+    Both match the reference (f32 sums in different orders); the switch changes the computation.
+    At 6200 the combine merges 49 splits (more than its first warp has lanes)."""
+    m, s = q15
+    inputs, nodes = decode_attention_case(rng, head_dim, first, max(1024, first + 200), attentions=1)
     ref = s.run_ops("reference", inputs, nodes)[-1]
     split = s.run_ops("cuda", inputs, nodes)[-1]
     monkeypatch.setenv("MINFER_CUDA_ATTN", "general")
@@ -382,17 +387,7 @@ def test_decode_attention_cluster_merge(q15, rng, monkeypatch, head_dim, first, 
     6400; the lever forces the cluster merge, which the rule gives only 8-split caches at 12 heads).  Two
     attentions in a row give the same bits; a bad lever value is an error."""
     m, s = q15
-    n_head, n_head_kv = 12, 2
-    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
-    k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
-    v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
-    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
-                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
-    pos_all = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
-             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta),
-             dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
-    inputs = [q, k, v, pos_all, pos_all[-1:]]
+    inputs, nodes = decode_attention_case(rng, head_dim, first, n_ctx, attentions=2)
     ref = s.run_ops("reference", inputs, nodes[:2])[-1]
     out = s.run_ops("cuda", inputs, nodes)
     assert np.array_equal(out[-1], out[-2])

@@ -175,6 +175,69 @@ __device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
     return (float*)r;
 }
 
+// One chunk's attention in a decode block (attention_decode_f16 and _cl): each lane scores its K row j (kr),
+// the warp's softmax and P V over its 32 V rows (vr), then the four warps' (max, sum, output) merged in shared
+// memory (wm, wl, wo).  Returns output value d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
+constexpr int kWarps = kThreads / 32;
+template <int HD>
+__device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&kr)[HD / 8], const uint32_t (&vr)[32][HD / 64],
+                                              const float* qs, int j, int p, float* wm, float* wl,
+                                              float (&wo)[kWarps][HD], float& M, float& L) {
+    constexpr int W = kWarps, NV = HD / 64;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
+    float sc = -INFINITY;
+    if (j <= p) {
+        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++) {
+            const __half2* h2 = (const __half2*)&kr[i];
+#pragma unroll
+            for (int t = 0; t < 4; t++) {
+                const float2 f = __half22float2(h2[t]);
+                dot[t] += qs[8 * i + 2 * t] * f.x;
+                dot[t] += qs[8 * i + 2 * t + 1] * f.y;
+            }
+        }
+        sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
+    }
+    const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
+    const float e = j <= p ? expf(sc - m) : 0.0f;
+    const float l = warp_sum(e);
+    float acc[NV][2];
+#pragma unroll
+    for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
+#pragma unroll
+    for (int jj = 0; jj < 32; jj++) {
+        const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
+            acc[i][0] += w * v.x;
+            acc[i][1] += w * v.y;
+        }
+    }
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+#pragma unroll
+    for (int i = 0; i < NV; i++) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
+    __syncthreads();
+    M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
+    float f[W];
+    L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < W; w++) {
+        f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
+        L += f[w] * wl[w];
+    }
+    float o = 0.0f;
+    if (d < HD) {
+#pragma unroll
+        for (int w = 0; w < W; w++) o += f[w] * wo[w][d];
+    }
+    return o;
+}
+
 // Decode (one query row) over an f16 cache, one block per (head, split of 128
 // positions): each warp owns 32 of the positions -- one score per lane, a
 // softmax within the warp, then P V with lanes across the head's dims (two per
@@ -196,7 +259,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     __shared__ float wo[W][HD];
     const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
     const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
     const int p = pos[0];
     float* o_final = out + int64_t(h) * HD;
     float* part = partial + (int64_t(h) * S + z) * (HD + 2);
@@ -247,54 +310,9 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     }
     for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
-    float sc = -INFINITY;
-    if (j <= p) {
-        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            const __half2* h2 = (const __half2*)&kr[i];
-#pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const float2 f = __half22float2(h2[t]);
-                dot[t] += qs[8 * i + 2 * t] * f.x;
-                dot[t] += qs[8 * i + 2 * t + 1] * f.y;
-            }
-        }
-        sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
-    }
-    const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
-    const float e = j <= p ? expf(sc - m) : 0.0f;
-    const float l = warp_sum(e);
-    float acc[NV][2];
-#pragma unroll
-    for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
-#pragma unroll
-    for (int jj = 0; jj < 32; jj++) {
-        const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
-            acc[i][0] += w * v.x;
-            acc[i][1] += w * v.y;
-        }
-    }
-    if (lane == 0) wm[warp] = m, wl[warp] = l;
-#pragma unroll
-    for (int i = 0; i < NV; i++) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
-    __syncthreads();
-    float M = -INFINITY;
-#pragma unroll
-    for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
-    float f[W], L = 0.0f;
-#pragma unroll
-    for (int w = 0; w < W; w++) {
-        f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
-        L += f[w] * wl[w];
-    }
-    for (int d = threadIdx.x; d < HD; d += kThreads) {
-        float o = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++) o += f[w] * wo[w][d];
+    float M, L;
+    const float o = chunk_attend<HD>(a, kr, vr, qs, j, p, wm, wl, wo, M, L);
+    if (d < HD) {
         if (S == 1) o_final[d] = L > 0.0f ? o / L : 0.0f;
         else part[2 + d] = o;
     }
@@ -375,57 +393,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     __syncthreads();
     float Mb = -INFINITY, Lb = 0.0f, ob = 0.0f;  // the block's merge of its chunks so far (ob: value d)
     for (;;) {
-        const int j = zc * kChunk + warp * 32 + lane;
-        float sc = -INFINITY;
-        if (j <= p) {
-            float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) {
-                const __half2* h2 = (const __half2*)&kr[i];
-#pragma unroll
-                for (int t = 0; t < 4; t++) {
-                    const float2 f = __half22float2(h2[t]);
-                    dot[t] += qs[8 * i + 2 * t] * f.x;
-                    dot[t] += qs[8 * i + 2 * t + 1] * f.y;
-                }
-            }
-            sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
-        }
-        const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
-        const float e = j <= p ? expf(sc - m) : 0.0f;
-        const float l = warp_sum(e);
-        float acc[NV][2];
-#pragma unroll
-        for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
-#pragma unroll
-        for (int jj = 0; jj < 32; jj++) {
-            const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
-#pragma unroll
-            for (int i = 0; i < NV; i++) {
-                const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
-                acc[i][0] += w * v.x;
-                acc[i][1] += w * v.y;
-            }
-        }
-        if (lane == 0) wm[warp] = m, wl[warp] = l;
-#pragma unroll
-        for (int i = 0; i < NV; i++)
-            wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
-        __syncthreads();
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; w++) M = fmaxf(M, wm[w]);
-        float f[W], L = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            f[w] = wm[w] > -INFINITY ? expf(wm[w] - M) : 0.0f;
-            L += f[w] * wl[w];
-        }
-        float o = 0.0f;
-        if (d < HD) {
-#pragma unroll
-            for (int w = 0; w < W; w++) o += f[w] * wo[w][d];
-        }
+        float M, L;
+        const float o = chunk_attend<HD>(a, kr, vr, qs, zc * kChunk + warp * 32 + lane, p, wm, wl, wo, M, L);
         const float Mn = fmaxf(Mb, M), fb = Mb > -INFINITY ? expf(Mb - Mn) : 0.0f,
                     fc = M > -INFINITY ? expf(M - Mn) : 0.0f;
         Lb = fb * Lb + fc * L;
@@ -686,12 +655,7 @@ int cluster_merge_splits(const AttnShape& a, int S) {
         if (!std::strcmp(v, "combine")) return 0;
         throw MinferError(strfmt("MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine', got '%s'", v));
     }
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        return n > 0 ? n : 132;
-    }();
+    const int sms = sm_count();
     return S <= kClusterSplits || int64_t(a.n_head) * C >= sms ? C : 0;
 }
 

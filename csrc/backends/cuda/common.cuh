@@ -95,6 +95,17 @@ __device__ __forceinline__ void pdl_wait_then_release() {
 #endif
 }
 
+// The device's SM count (once; 132 on an H200), for the launch rules sized to one wave.
+inline int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev);
+        return v > 0 ? v : 132;
+    }();
+    return n;
+}
+
 inline bool pdl_enabled() {
     static const bool on = [] {
         const char* v = std::getenv("MINFER_CUDA_PDL");

@@ -499,12 +499,7 @@ int pipe_ahead(int64_t blocks, int64_t K) {
         if (!std::strcmp(v, "2")) return 2;
         throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1 or 2, not '%s'", v));
     }
-    static const int sms = [] {
-        int dev = 0, n = 0;
-        cudaGetDevice(&dev);
-        cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-        return n > 0 ? n : 132;
-    }();
+    const int sms = sm_count();
     return K / 64 > kLanesPerRow * kMatvecWarps && blocks <= 4 * int64_t(sms) ? 2 : 1;
 }
 
