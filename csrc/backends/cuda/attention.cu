@@ -5,8 +5,11 @@
 // Decode (one row) splits the KV length over gridDim.z blocks whose partials
 // a combine kernel merges (flash decoding); the split count depends only on
 // n_ctx, so a captured decode graph stays valid as the cache fills: blocks
-// whose chunks lie past the row's position write an empty partial.  Prefill
-// rows use one block each (there are rows x heads blocks already).
+// whose chunks lie past the row's position write an empty partial.  Over an
+// f16 cache the splits of a head can instead be one thread-block cluster that
+// merges them in distributed shared memory (attention_decode_f16_cl; the rule
+// is cluster_merge_splits).  Prefill rows use one block each (there are rows x
+// heads blocks already).
 //
 // Prefill over an f16 cache (the default) runs on the tensor cores instead:
 // a block takes 64 query rows of one head and walks the visible positions in

@@ -99,7 +99,7 @@ struct AttnShape {
 bool attention_uses_tensor_cores(const AttnShape& a);  // f16 cache, >= 16 rows, head_dim 64 or 128
 int attention_splits(const AttnShape& a);                 // grid's split count (fixed per shape)
 size_t attention_scratch_floats(const AttnShape& a);      // partials for the combine step
-// With q8.q and more than one split (attention_splits), the combine step also
+// With q8.q and more than one split (attention_splits), the combine step (or the cluster merge) also
 // rounds the output to 8-bit blocks for the decode matvec after it (head_dim % 32 == 0).
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
                float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s);
