@@ -334,7 +334,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
-                                                                float* __restrict__ partial, uint32_t* err, Q8Act q8) {
+                                                                uint32_t* err, Q8Act q8) {
     constexpr int W = kThreads / 32, NV = HD / 64;
     static_assert(HD <= kThreads, "a thread per output value");
     __shared__ float qs[HD];
@@ -704,7 +704,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
                            dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
-                           (const __half*)V, out, scratch, err, q8);
+                           (const __half*)V, out, err, q8);
         return;
     }
     if (fast && decode_f16_kernel_on()) {

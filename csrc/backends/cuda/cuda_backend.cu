@@ -409,6 +409,9 @@ int CudaBackend::argmax(int id, size_t offset, size_t n) {
     return *(volatile int*)argmax_host_;
 }
 
+// The steps follow each other with no host write between them: the step's first kernel (the embedding
+// gather) waits for the argmax before it lets the rest of the step start (pdl_wait_then_release), so the
+// kernels that read the token and position before their own waits see this step's.
 bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
                                int token_id, int pos_id, int32_t* out) {
     usable();
