@@ -432,6 +432,72 @@ def test_rope_kv_store_matches_unfused(q15, rng, rows, kv_type, neox, head_dim, 
             dict(op="RopeKvStore", inputs=[0, 1, 2, 3], rows=rows, cols=qc, meta=meta)])
 
 
+def qkv_rope_case(rng, rows, kv_type, neox, pos0=600):
+    """The 1.5B layout's layer 5 (q, k Q4_K; v Q6_K; biases): (inputs, the FusedQKV + RopeKvStore + Attn nodes,
+    the FusedQkvRope + Attn nodes)."""
+    L, n_ctx = "blk.5.", 1024
+    meta = dict(wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+                bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256, n_head=12,
+                n_head_kv=2, head_dim=128, kv_type=kv_type, n_ctx=n_ctx, attn_scale=float(1 / np.sqrt(128)),
+                layer=0, rope_dim=128, rope_base=1e6, rope_neox=neox)
+    x = rng.standard_normal((rows, 1536)).astype(np.float32)
+    pos = (np.arange(rows) + pos0).astype(np.int32).reshape(rows, 1)
+    unfused = [dict(op="FusedQKV", inputs=[0], rows=rows, cols=2048, meta=meta),
+               dict(op="RopeKvStore", inputs=[(2, 0, 1536), (2, 1536, 256), (2, 1792, 256), 1], rows=rows, cols=1536,
+                    meta=meta),
+               dict(op="Attn", inputs=[3, 1, 3], rows=rows, cols=1536, meta=meta)]
+    fused = [dict(op="FusedQkvRope", inputs=[0, 1], rows=rows, cols=2048, meta=meta),
+             dict(op="Attn", inputs=[(2, 0, 1536), 1, 2], rows=rows, cols=1536, meta=meta)]
+    return [x, pos], unfused, fused
+
+
+@pytest.mark.parametrize("rows,kv_type,neox,path", [(1, "f16", True, "epilogue"), (1, "f32", False, "epilogue"),
+                                                    (1, "q8_0", True, "kernel"), (3, "f16", True, "kernel")])
+def test_qkv_rope_matches_unfused(q15, rng, monkeypatch, rows, kv_type, neox, path):
+    """FusedQkvRope -- the q/k/v projection whose decode matvec rotates q and k and stores k and v in its
+    epilogue -- gives the bits of FusedQKV + RopeKvStore: q rotated, k and v as projected, and the attention
+    over the cache it wrote.  One row with an f16/f32 cache takes the epilogue (MINFER_CUDA_QKV_ROPE=epilogue
+    makes any other path an error, so the test shows which path ran); a q8_0 cache (a row block spans other
+    blocks' rows) or several rows run the projection, then the rope_kv_store kernel."""
+    m, s = q15
+    inputs, unfused_nodes, fused_nodes = qkv_rope_case(rng, rows, kv_type, neox)
+    unfused = s.run_ops("cuda", inputs, unfused_nodes)
+    if path == "epilogue":
+        monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+    fused = s.run_ops("cuda", inputs, fused_nodes)
+    assert np.array_equal(fused[2][:, :1536], unfused[3])   # rotated q
+    assert np.array_equal(fused[2][:, 1536:], unfused[2][:, 1536:])  # k, v as projected
+    assert np.array_equal(fused[3], unfused[4])  # attention over the cache the fused node wrote
+    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+    if path == "kernel" and rows == 1:
+        with pytest.raises(minfer.MinferError, match="cannot rotate and store"):
+            s.run_ops("cuda", inputs, fused_nodes)
+    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue" if path == "epilogue" else "1")
+    bad = [inputs[0], inputs[1] + 1024]
+    with pytest.raises(minfer.MinferError, match="position"):
+        s.run_ops("cuda", bad, fused_nodes[:1])
+    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "on")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_QKV_ROPE must be"):
+        M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
+
+
+def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch):
+    """The 1.5B layout (its q/k/v launches take the pipe kernel) decodes to the same logits with the
+    projection rotating and storing (every decode step must take the epilogue: MINFER_CUDA_QKV_ROPE=epilogue)
+    as with the separate RoPE + KV store node (=0), graph replays included."""
+    model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
+    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+    s = M.Session(model, threads=4, n_ctx=64, device="cuda")
+    assert [n["op"] for n in s.plan(1).nodes].count("FusedQkvRope") == 28
+    fused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "0")
+    s = M.Session(model, threads=4, n_ctx=64, device="cuda")
+    assert "FusedQkvRope" not in [n["op"] for n in s.plan(1).nodes]
+    unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    assert np.array_equal(fused, unfused)
+
+
 @pytest.mark.parametrize("rows,kernel", [(1, ""), (1, "v1"), (3, ""), (7, "")])
 def test_add_rmsnorm(q15, rng, monkeypatch, rows, kernel):
     """The residual add fused with the next norm: the sum window is exactly a + b, the norm window
@@ -498,8 +564,8 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
 
 @pytest.mark.parametrize("name", ["q05", "qwen3"])
 def test_decode_fusions(q05_model, name, rng, monkeypatch):
-    """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up, RoPE + KV store and each
-    residual add with the next norm, and the
+    """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up, RoPE + KV store (qwen2: into the
+    q/k/v projection) and each residual add with the next norm, and the
     fused forward pass matches the unfused one.  Decode keeps its activations f32 for the comparison: the
     fused norm sums in another order, and an ulp of difference would move an 8-bit activation by a step."""
     monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
@@ -507,8 +573,11 @@ def test_decode_fusions(q05_model, name, rng, monkeypatch):
     s = M.Session(model, threads=4, n_ctx=256, device="cuda")
     ops = [n["op"] for n in s.plan(1).nodes]
     n_layer = ops.count("Attn")
-    qkv = "FusedQkvNorm" if name == "qwen3" else "FusedQKV"
-    assert ops.count(qkv) == n_layer and ops.count("FusedFFN") == n_layer and ops.count("RopeKvStore") == n_layer
+    if name == "qwen3":  # the per-head norms sit between the projection and the rotation
+        assert ops.count("FusedQkvNorm") == n_layer and ops.count("RopeKvStore") == n_layer
+    else:  # the projection rotates and stores itself (FusedQkvRope)
+        assert ops.count("FusedQkvRope") == n_layer and "RopeKvStore" not in ops and "FusedQKV" not in ops
+    assert ops.count("FusedFFN") == n_layer
     assert "KvStore" not in ops and "Rope" not in ops and "QkNorm" not in ops and "Add" not in ops
     assert ops.count("AddRmsNorm") == 2 * n_layer and ops.count("RmsNorm") == 1  # the first attn_norm
     prompt = rng.integers(0, 151936, size=5).astype(np.int32)

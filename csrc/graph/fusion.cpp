@@ -196,6 +196,45 @@ struct Fuser {
         }
     }
 
+    // RopeKvStore reading the q, k and v windows of one FusedQKV (and nothing
+    // else reading it): the projection's own end rotates q and k and stores k
+    // and v (the CUDA decode matvec does it in its epilogue).  The node keeps
+    // the FusedQKV's output, with q rotated; the Attn reads that window and
+    // orders after it.
+    void qkv_rope() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            const Node& F = g.nodes[i];
+            if (dead[i] || F.op != Op::RopeKvStore || int(i) == g.output) continue;
+            const int qkv = F.in[0].node;
+            Node& Q = at(qkv);
+            const NodeMeta& m = Q.meta;
+            if (Q.op != Op::FusedQKV || qkv == g.output || F.in[1].node != qkv || F.in[2].node != qkv ||
+                consumers[size_t(qkv)].size() != 3 || F.in[0].col != 0 || F.in[0].cols != m.q_cols ||
+                F.in[1].col != m.q_cols || F.in[1].cols != m.k_cols || F.in[2].col != m.q_cols + m.k_cols ||
+                F.in[2].cols != m.v_cols || F.meta.n_head_kv * F.meta.head_dim != m.k_cols || m.k_cols != m.v_cols ||
+                !can(Op::FusedQkvRope, {qkv, int(i)}))
+                continue;
+            const NodeInput pos = F.in[3];
+            const int layer = Q.meta.layer;
+            NodeMeta fm = F.meta;  // the rotation and the cache
+            Q.op = Op::FusedQkvRope;
+            Q.in = {Q.in[0], pos};
+            Q.meta.head_dim = fm.head_dim;
+            Q.meta.n_head_kv = fm.n_head_kv;
+            Q.meta.rope_dim = fm.rope_dim;
+            Q.meta.rope_base = fm.rope_base;
+            Q.meta.rope_neox = fm.rope_neox;
+            Q.meta.kv_type = fm.kv_type;
+            Q.meta.n_ctx = fm.n_ctx;
+            Q.meta.layer = fm.layer >= 0 ? fm.layer : layer;
+            Q.name = "blk." + std::to_string(Q.meta.layer) + ".qkv_rope";
+            redirect(int(i), qkv, 0, m.q_cols);  // the Attn: q and its ordering input
+            dead[i] = true;
+            rewrites++;
+        }
+    }
+
     // RmsNorm(Add(a, b)): one node writes the sum (the residual stream, columns
     // [0, n)) and its normalization (columns [n, 2n)); the Add's consumers
     // read the first window, the RmsNorm's the second.
@@ -249,6 +288,7 @@ int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
     f.qkv();
     f.qkv_norm();
     f.rope_store();
+    f.qkv_rope();
     f.add_norm();
     f.compact();
     return f.rewrites;

@@ -33,6 +33,8 @@ enum class Op : uint8_t {
     RopeKvStore,   // rope(q) out; rope(k) and v stored at the positions    (fusion of 2 Ropes + KvStore)
                    // inputs q, k, v, positions; the layer's Attn reads q from it and orders after it
     AddRmsNorm,    // [a + b | RmsNorm(a + b)], 2 x cols wide                (fusion of Add + RmsNorm)
+    FusedQkvRope,  // FusedQKV whose q is rotated (out [rope(q) | k | v]) and whose rope(k), v are stored
+                   // at the positions (input 1)                           (fusion of FusedQKV + RopeKvStore)
     Count
 };
 const char* op_name(Op op);

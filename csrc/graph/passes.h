@@ -24,7 +24,8 @@ void assign_backends(Graph& g, const std::vector<BackendSlot>& slots, const std:
 
 // Rewrites Mul(Silu(a), b) -> SwiGLU, gate/up MatMuls + SwiGLU -> FusedFFN,
 // q/k/v MatMuls -> FusedQKV (+ the QkNorms -> FusedQkvNorm), the q and k
-// Ropes with the KvStore -> RopeKvStore, a residual Add and the RmsNorm of
+// Ropes with the KvStore -> RopeKvStore (and that with the FusedQKV it reads
+// -> FusedQkvRope), a residual Add and the RmsNorm of
 // its sum -> AddRmsNorm (both results as column windows), each only where
 // all the nodes involved sit on one backend whose supports_fused says yes.
 // Returns the number of rewrites.

@@ -130,7 +130,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
             return qkv(node, a);
         case Op::FusedFFN:
             return ffn(node, a);
-        case Op::RopeKvStore: case Op::AddRmsNorm:  // GPU fusions (supports_fused says no)
+        case Op::RopeKvStore: case Op::AddRmsNorm: case Op::FusedQkvRope:  // GPU fusions (supports_fused says no)
         case Op::Count:
             break;
     }

@@ -54,6 +54,19 @@ bool decode_q8_from_env() {
     throw MinferError(strfmt("MINFER_CUDA_DECODE must be 'q8' or 'f32', got '%s'", v));
 }
 
+// MINFER_CUDA_QKV_ROPE: "1" (default: the QKV projection and the RoPE + KV store fused into one node, whose
+// decode matvec rotates and stores in its epilogue where it can; elsewhere the node runs the projection, then
+// the rope_kv_store kernel), "0" (two nodes; the A/B switch) or "epilogue" (as 1, but a one-row FusedQkvRope
+// whose matvec cannot take the epilogue is an error: tests use it to show which path ran).  Read per use.
+enum class QkvRope { Off, On, Epilogue };
+QkvRope qkv_rope_mode() {
+    const char* v = std::getenv("MINFER_CUDA_QKV_ROPE");
+    if (!v || !*v || !std::strcmp(v, "1")) return QkvRope::On;
+    if (!std::strcmp(v, "0")) return QkvRope::Off;
+    if (!std::strcmp(v, "epilogue")) return QkvRope::Epilogue;
+    throw MinferError(strfmt("MINFER_CUDA_QKV_ROPE must be '0', '1' or 'epilogue', got '%s'", v));
+}
+
 struct DevWeight {
     const uint8_t* p = nullptr;
     uint32_t type = 0;
@@ -67,6 +80,7 @@ class CudaBackend : public Backend {
     const char* name() const override { return "cuda"; }
     bool supports_op(const Node& node) const override;
     bool supports_fused(Op fused) const override {
+        if (fused == Op::FusedQkvRope) return qkv_rope_mode() != QkvRope::Off;
         return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
                fused == Op::RopeKvStore || fused == Op::AddRmsNorm;
     }
@@ -108,7 +122,9 @@ class CudaBackend : public Backend {
         int64_t n_out, y_col;
     };
     // MatMul, FusedQKV (3 parts into column windows) and FusedFFN (gate, up; swiglu).
-    void project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu);
+    // rope: FusedQkvRope's epilogue, taken by the decode matvec where it can (returns whether it did).
+    bool project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
+                 const cuda::QkvRopeEpilogue* rope = nullptr);
     Proj proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const;
     void wait(cudaEvent_t ev, const char* what);
     void usable() const;
@@ -288,6 +304,10 @@ bool CudaBackend::supports_op(const Node& node) const {
         case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             return (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
                     node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
+        case Op::FusedQkvRope:
+            return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) &&
+                   (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
+                    node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
         default:
             return false;
     }
@@ -443,7 +463,8 @@ CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bia
     return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
 }
 
-void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu) {
+bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
+                          const cuda::QkvRopeEpilogue* rope) {
     const int64_t K = parts[0].w->cols;
     for (const Proj& p : parts)
         if (p.w->cols != K) throw MinferError(strfmt("CUDA '%s': fused weights of different widths", node.name.c_str()));
@@ -471,7 +492,12 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             m.ldx = ldx;
             float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
             const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
-            return cuda::matvec_q8(m, sc, ready, stream_);
+            if (rope) {
+                m.rope = *rope;
+                if (!cuda::matvec_q8_rope_fusable(m)) m.rope = cuda::QkvRopeEpilogue{};
+            }
+            cuda::matvec_q8(m, sc, ready, stream_);
+            return m.rope.pos != nullptr;
         }
         if (uintptr_t(x) % 16 || ldx % 4) {  // f32 activations; a column window at an odd offset: copy to aligned rows
             float* xa = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(K));
@@ -481,7 +507,8 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         }
         m.x = x;
         m.ldx = ldx;
-        return cuda::matvec(m, stream_);
+        cuda::matvec(m, stream_);
+        return false;
     }
     // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
     int64_t max_n = 0;
@@ -500,6 +527,7 @@ void CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
     }
     if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+    return false;
 }
 
 void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
@@ -533,10 +561,39 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             return;
         }
         case Op::MatMul:
-            return project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
+            project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
+            return;
         case Op::FusedQKV:
-            return project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
-                                     proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+            project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                              proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+            return;
+        case Op::FusedQkvRope: {  // decode: the matvec's end rotates and stores; else the separate kernel after it
+            const int32_t* pos = (const int32_t*)at(a.in[1]);
+            cuda::QkvRopeEpilogue e;
+            e.pos = pos;
+            e.head_dim = m.head_dim;
+            e.rope_dim = m.rope_dim;
+            e.n_ctx = m.n_ctx;
+            e.base = m.rope_base;
+            e.neox = m.rope_neox;
+            e.kv_type = m.kv_type;
+            e.K = raw(a.kv_k);
+            e.V = raw(a.kv_v);
+            e.err = err_dev_;
+            if (project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                                  proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false, &e))
+                return;
+            if (rows == 1 && qkv_rope_mode() == QkvRope::Epilogue)
+                throw MinferError(strfmt("CUDA '%s': MINFER_CUDA_QKV_ROPE=epilogue, but this projection's matvec cannot "
+                                         "rotate and store (%d rows, %s cache, head_dim %d, rope_dim %d)",
+                                         node.name.c_str(), rows, type_traits(m.kv_type).name, m.head_dim, m.rope_dim));
+            float* y = at(a.out);
+            const int64_t ly = a.out.ld;
+            cuda::RopeStoreShape sh{rows, m.q_cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
+                                    m.rope_neox, m.kv_type, m.n_ctx};
+            return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, y, ly, raw(a.kv_k),
+                                       raw(a.kv_v), err_dev_, stream_);
+        }
         case Op::FusedQkvNorm: {  // the projections, then qwen3's per-head norms of q and k in place
             project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
                               proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
@@ -548,7 +605,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             return;
         }
         case Op::FusedFFN:
-            return project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);
+            project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);
+            return;
         case Op::Rope:
             return cuda::rope(at(a.in[0]), ld(0), at(a.out), a.out.ld, (const int32_t*)at(a.in[1]), rows, cols,
                               m.head_dim, m.rope_dim, m.rope_base, m.rope_neox, stream_);

@@ -28,6 +28,18 @@ struct MatvecPart {
     int64_t n_out = 0;     // rows of W used
     int64_t y_col = 0;
 };
+// FusedQkvRope's decode epilogue (matvec_q8 with parts q, k, v; the pipe kernel only, where
+// matvec_q8_rope_fusable says so): q rotated in y, k rotated and v stored into the f16/f32 cache at *pos.
+struct QkvRopeEpilogue {
+    const int32_t* pos = nullptr;  // null: no epilogue
+    int head_dim = 0, rope_dim = 0, n_ctx = 0;  // fusable with rope_dim == head_dim
+    float base = 0.0f;
+    bool neox = false;
+    uint32_t kv_type = 0;
+    void* K = nullptr;
+    void* V = nullptr;
+    uint32_t* err = nullptr;
+};
 struct MatvecArgs {
     MatvecPart part[3];
     int n_parts = 1;
@@ -38,6 +50,7 @@ struct MatvecArgs {
     int n_rows = 1;
     float* y = nullptr;
     int64_t ldy = 0;
+    QkvRopeEpilogue rope;
 };
 void matvec(const MatvecArgs& a, cudaStream_t s);
 // The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes; laid
@@ -51,6 +64,8 @@ Q8Act q8_act(void* scratch, int rows, int64_t K);
 bool matvec_q8_supported(uint32_t type, int64_t K);
 size_t matvec_q8_scratch_bytes(int rows, int64_t K);
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s);
+// Whether matvec_q8 takes `a` with a.rope set (else: the projection, then rope_kv_store).
+bool matvec_q8_rope_fusable(const MatvecArgs& a);
 
 // Prefill: W [N, K] -> f16, x [M, K] -> f16, then y = x W^T (+ bias) on the tensor cores (gemm.cu).
 void dequantize_f16(uint32_t wtype, const uint8_t* W, int64_t N, int64_t K, __half* out, cudaStream_t s);

@@ -14,6 +14,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
+#include "backends/cuda/rope.cuh"
 #include "backends/cuda/unit_decode.cuh"
 
 namespace minfer::cuda {
@@ -414,6 +415,65 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     store_block_rows(a, sums);
 }
 
+// FusedQkvRope's launch (parts q, k, v): a block's 8 rows are 4 rotation pairs, so that its end can rotate them.
+// NeoX pairs dims j and j + head_dim / 2 of a head: the block takes rows j..j+3 and j+hd/2..j+hd/2+3 (row i's
+// partner is i ^ 4); the original layout pairs dims 2j and 2j + 1: 8 consecutive rows (partner i ^ 1).
+__device__ __forceinline__ int64_t rope_block_row(const QkvRopeEpilogue& e, int i) {
+    if (!e.neox) return int64_t(blockIdx.x) * kBlockRows + i;
+    const int hd2 = e.head_dim / 2;
+    const int64_t g = int64_t(blockIdx.x) * 4 + (i & 3);
+    return g / hd2 * e.head_dim + g % hd2 + (i >> 2) * hd2;
+}
+
+// The angle of row i's pair at position p (rope_angle's arguments, as rope_kv_store_kernel computes them).
+__device__ __forceinline__ double2 rope_row_angle(const QkvRopeEpilogue& e, int64_t o, int p) {
+    const int d = int(o % e.head_dim), j = e.neox ? d % (e.head_dim / 2) : d / 2;
+    double cs = 1.0, sn = 0.0;
+    rope_angle(p, j, e.rope_dim, e.base, &cs, &sn);
+    return make_double2(cs, sn);
+}
+
+// The end of a FusedQkvRope launch: each row's result (the warps' partial sums in warp order, plus the bias, as
+// store_block_rows) is written to y unrotated; then q rows are rotated in y, k rows rotated into the cache and v
+// rows copied into it at position p -- the arithmetic of rope_kv_store_kernel on the same values, so the same bits.
+__device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows],
+                                                const double2 (&ang)[kBlockRows], int p, float (&vals)[kBlockRows]) {
+    const QkvRopeEpilogue& e = a.rope;
+    const int t = threadIdx.x;
+    WarpRow out{0, 0, false};
+    if (t < kBlockRows) {
+        out = warp_row(a, rope_block_row(e, t));
+        const MatvecPart& A = a.part[out.p];
+        float s = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kMatvecWarps; w++) s += sums[w][t];
+        s = s + (A.bias ? A.bias[out.o] : 0.0f);
+        vals[t] = s;
+        a.y[A.y_col + out.o] = s;
+    }
+    __syncthreads();
+    if (t >= kBlockRows || !out.live) return;
+    if (p < 0 || p >= e.n_ctx) {  // nothing stored
+        if (blockIdx.x == 0 && t == 0) atomicOr(e.err, kBadPosition);
+        return;
+    }
+    float r = vals[t];
+    if (out.p < 2) {
+        const int partner = e.neox ? t ^ 4 : t ^ 1;
+        const bool lo = e.neox ? t < 4 : (t & 1) == 0;
+        const double x0 = lo ? vals[t] : vals[partner], x1 = lo ? vals[partner] : vals[t];
+        r = lo ? rope_lo(x0, x1, ang[t].x, ang[t].y) : rope_hi(x0, x1, ang[t].x, ang[t].y);
+    }
+    if (out.p == 0) {
+        a.y[out.o] = r;
+        return;
+    }
+    const int64_t at = int64_t(p) * a.part[1].n_out + out.o;
+    void* cache = out.p == 1 ? e.K : e.V;
+    if (e.kv_type == GGML_TYPE_F16) ((__half*)cache)[at] = __float2half_rn(r);
+    else ((float*)cache)[at] = r;
+}
+
 // The block kernel's layout for Q4_K rows with x in shared memory and each lane's weights loaded one chunk
 // ahead into registers.  Under ncu the block kernel kept its schedulers issuing half the cycles and stalled
 // mostly on long scoreboards: a lane loaded a chunk, waited a DRAM round trip, then spent ~100 instructions
@@ -426,13 +486,23 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
 // same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait): at K = 3584 that is
 // every chunk of a lane, so a launch of one wave (the 7B's QKV and O) reads all its weights while the
 // kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
-template <int AHEAD>
+// ROPE: FusedQkvRope's launch (rope_block_row's rows, store_rope_rows' end); the angles are computed before the
+// wait (the position is the step's input: no kernel of the step writes it).
+template <int AHEAD, bool ROPE>
 __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane / 8, r = lane % 8;
-    const WarpRow row = block_row(a, r);
+    const WarpRow row = ROPE ? warp_row(a, rope_block_row(a.rope, r)) : block_row(a, r);
+    __shared__ double2 ang[ROPE ? kBlockRows : 1];
+    __shared__ float vals[ROPE ? kBlockRows : 1];
+    int pos = 0;
+    if constexpr (ROPE) {
+        pos = *a.rope.pos;
+        if (threadIdx.x < kBlockRows && pos >= 0 && pos < a.rope.n_ctx)
+            ang[threadIdx.x] = rope_row_angle(a.rope, rope_block_row(a.rope, threadIdx.x), pos);
+    }
     const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;
     int c = k + kLanesPerRow * warp;
     const uint8_t* w = nullptr;
@@ -464,7 +534,8 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_
     acc += __shfl_xor_sync(0xffffffffu, acc, 8);
     if (k == 0) sums[warp][r] = acc;
     __syncthreads();
-    store_block_rows(a, sums);
+    if constexpr (ROPE) store_rope_rows(a, sums, ang, pos, vals);
+    else store_block_rows(a, sums);
 }
 
 // Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
@@ -601,6 +672,26 @@ Q8Act q8_act(void* scratch, int rows, int64_t K) {
     return Q8Act{q, (float2*)(q + (size_t(rows) * size_t(K) + 15) / 16 * 16)};
 }
 
+// The pipe kernel's launches, with parts q, k and v of whole heads (head_dim % 8: 4 pairs a block), every dim
+// rotated, an f16 or f32 cache (a q8_0 row block spans 32 dims: other blocks' rows), one activation row.
+bool matvec_q8_rope_fusable(const MatvecArgs& a) {
+    const QkvRopeEpilogue& e = a.rope;
+    if (a.n_rows != 1 || a.swiglu || a.n_parts != 3 || e.head_dim <= 0 || e.head_dim % 8 || e.rope_dim != e.head_dim)
+        return false;
+    if (e.kv_type != GGML_TYPE_F16 && e.kv_type != GGML_TYPE_F32) return false;
+    const int64_t kv = a.part[1].n_out;
+    if (a.part[0].n_out % e.head_dim || kv % e.head_dim || a.part[2].n_out != kv || a.part[0].y_col != 0 ||
+        a.part[1].y_col != a.part[0].n_out || a.part[2].y_col != a.part[0].n_out + kv)
+        return false;
+    for (int p = 0; p < 3; p++)
+        if (!matvec_q8_supported(a.part[p].type, a.K)) return false;
+    if (!block_kernel_for(a)) return false;
+    size_t smem = 0;
+    bool forced = false;
+    const int stage = block_stage(a, &smem, &forced);
+    return !(forced && stage != kStageOff) && pipe_kernel_for(a);
+}
+
 size_t matvec_q8_scratch_bytes(int rows, int64_t K) {
     return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * sizeof(float2) + 16;
 }
@@ -622,6 +713,15 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
                a.x, a.ldx, a.K, x.q, x.ds);
     const XQ xq{x.q, x.ds, a.K};
+    if (a.rope.pos) {
+        if (!matvec_q8_rope_fusable(a))
+            throw MinferError("CUDA matvec_q8: this launch cannot rotate q and k and store the KV rows itself");
+        const unsigned blocks = unsigned(rows / kBlockRows);
+        launch("matvec_q8_rope", pipe_ahead(blocks, a.K) == 2 ? matvec_q4k_pipe_kernel<2, true>
+                                                             : matvec_q4k_pipe_kernel<1, true>,
+               dim3(blocks), dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+        return;
+    }
     if (block_kernel_for(a)) {
         const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
         size_t smem = 0;
@@ -629,7 +729,8 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const int stage = block_stage(a, &smem, &forced);
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
-            launch("matvec_q8", pipe_ahead(grid.x, a.K) == 2 ? matvec_q4k_pipe_kernel<2> : matvec_q4k_pipe_kernel<1>, grid,
+            launch("matvec_q8", pipe_ahead(grid.x, a.K) == 2 ? matvec_q4k_pipe_kernel<2, false> : matvec_q4k_pipe_kernel<1, false>,
+                   grid,
                    dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
         else
             launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,

@@ -7,6 +7,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
+#include "backends/cuda/rope.cuh"
 #include "quant/types.h"
 
 namespace minfer::cuda {
@@ -121,14 +122,6 @@ __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int
     if (q8.q) quantize_lane4(xv, mine, q8.q + int64_t(row) * cols + 4 * f, q8.ds + int64_t(row) * (cols / 32) + f / 8);
 }
 
-// The rotation of one pair: the angle in double (at position 30000 a float
-// angle would be off by ~1e-3 rad), the products in double, one rounding.
-// The angle of rotated pair i at position p (in double: positions in the
-// thousands times frequencies near 1 leave an f32 angle few correct bits).
-__device__ __forceinline__ void rope_angle(int p, int i, int rope_dim, float base, double* cs, double* sn) {
-    sincos(double(p) * pow(double(base), -2.0 * i / rope_dim), sn, cs);
-}
-
 // Pair i (< head_dim / 2) of a head, x -> y: rotated by the angle (cs, sn) when
 // it lies within rope_dim (NeoX pairs dims i and i + rope_dim/2, the original
 // layout dims 2i and 2i+1), else the two dims past rope_dim pass through.
@@ -143,8 +136,8 @@ __device__ __forceinline__ void rope_pair(const float* xh, float* yh, int i, int
     }
     const int i0 = neox ? i : 2 * i, i1 = neox ? i + half : 2 * i + 1;
     const double x0 = xh[i0], x1 = xh[i1];
-    yh[i0] = float(x0 * cs - x1 * sn);
-    yh[i1] = float(x0 * sn + x1 * cs);
+    yh[i0] = rope_lo(x0, x1, cs, sn);
+    yh[i1] = rope_hi(x0, x1, cs, sn);
 }
 
 // One thread per pair.
@@ -207,9 +200,9 @@ __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, i
 // The angles depend only on the positions, which are uploaded before the step,
 // so they are computed before waiting on the kernel before.  Same arithmetic
 // as rope_kernel + kv_store_kernel, so the results are identical.
-__global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* __restrict__ q, int64_t ldq,
+__global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t ldq,  // q may be y (in place)
                                      const float* __restrict__ k, int64_t ldk, const float* __restrict__ v, int64_t ldv,
-                                     const int32_t* __restrict__ pos, float* __restrict__ y, int64_t ldy, uint8_t* K,
+                                     const int32_t* __restrict__ pos, float* y, int64_t ldy, uint8_t* K,
                                      uint8_t* V, uint32_t* err) {
     extern __shared__ float kr[];  // the rotated k head
     const int r = blockIdx.y, hb = blockIdx.x, n_q = sh.q_cols / sh.head_dim, i = threadIdx.x;

@@ -45,7 +45,7 @@ double q8_1_sum_correction(const uint8_t* wrow, uint32_t wtype, const uint8_t* a
 
 bool ReferenceBackend::supports_op(const Node& node) const {
     switch (node.op) {
-        case Op::FusedQKV: case Op::FusedQkvNorm: case Op::FusedFFN: case Op::Count:
+        case Op::FusedQKV: case Op::FusedQkvNorm: case Op::FusedFFN: case Op::FusedQkvRope: case Op::Count:
             return false;
         case Op::MatMul: case Op::GetRows:
             return weights_ && weights_->has(node.meta.weight);
