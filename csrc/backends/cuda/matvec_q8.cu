@@ -484,8 +484,8 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // lane % 8 (the row), so the eight lanes of a shared-memory phase read one address.  Each lane adds the same
 // chunks in the same order as the block kernel, and the four lanes of a row and the warps are summed in the
 // same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait): at K = 3584 that is
-// every chunk of a lane, so a launch of one wave (the 7B's QKV and O) reads all its weights while the
-// kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
+// every chunk of a lane, so a launch of one wave (the 7B's O; its QKV's 576 blocks exceed one) reads all its
+// weights while the kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
 // ROPE: FusedQkvRope's launch (rope_block_row's rows, store_rope_rows' end); the angles are computed before the
 // wait (the position is the step's input: no kernel of the step writes it).
 template <int AHEAD, bool ROPE>
