@@ -284,6 +284,8 @@ bool CudaBackend::supports_op(const Node& node) const {
         auto it = weights_.find(w);
         return it != weights_.end() && it->second.type == GGML_TYPE_F32;
     };
+    const bool kv_ok = (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
+                        node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;  // the cache's kernels
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
@@ -302,12 +304,9 @@ bool CudaBackend::supports_op(const Node& node) const {
         case Op::FusedFFN:
             return has_weight(node.meta.w_gate) && has_weight(node.meta.w_up);
         case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
-            return (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
-                    node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
+            return kv_ok;
         case Op::FusedQkvRope:
-            return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) &&
-                   (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
-                    node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;
+            return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) && kv_ok;
         default:
             return false;
     }
@@ -539,6 +538,10 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
     const NodeMeta& m = node.meta;
     const int rows = node.rows, cols = node.cols;
     auto ld = [&](size_t i) { return a.in[i].ld; };
+    auto qkv_parts = [&] {  // FusedQKV, FusedQkvNorm, FusedQkvRope: q, k, v side by side
+        return std::vector<Proj>{proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                                 proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)};
+    };
     switch (node.op) {
         case Op::Input:
             return;
@@ -564,8 +567,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
             return;
         case Op::FusedQKV:
-            project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
-                              proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+            project(node, a, qkv_parts(), false);
             return;
         case Op::FusedQkvRope: {  // decode: the matvec's end rotates and stores; else the separate kernel after it
             const int32_t* pos = (const int32_t*)at(a.in[1]);
@@ -580,8 +582,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             e.K = raw(a.kv_k);
             e.V = raw(a.kv_v);
             e.err = err_dev_;
-            if (project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
-                                  proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false, &e))
+            if (project(node, a, qkv_parts(), false, &e))
                 return;
             if (rows == 1 && qkv_rope_mode() == QkvRope::Epilogue)
                 throw MinferError(strfmt("CUDA '%s': MINFER_CUDA_QKV_ROPE=epilogue, but this projection's matvec cannot "
@@ -595,8 +596,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                        raw(a.kv_v), err_dev_, stream_);
         }
         case Op::FusedQkvNorm: {  // the projections, then qwen3's per-head norms of q and k in place
-            project(node, a, {proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
-                              proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)}, false);
+            project(node, a, qkv_parts(), false);
             float* y = at(a.out);
             cuda::rmsnorm(y, a.out.ld, y, a.out.ld, rows, m.q_cols, m.head_dim, (const float*)weight(m.q_norm).p, m.eps,
                           cuda::Q8Act{}, stream_);
