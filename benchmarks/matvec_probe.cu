@@ -1,10 +1,11 @@
 // The decode matvec kernels for one activation row (matvec_q8.cu, included whole) at the real layouts' shapes,
 // on weights that come from DRAM as in a decode step: each timed call takes the next of enough copies of the
 // matrix to overflow the 50 MB L2 (bench_cuda.py --kernels repeats one matrix, which the L2 holds for the
-// smaller shapes).  Both kernels are forced by MINFER_CUDA_MV ("block": as the rule picks among the block and
-// pipe kernels and staging; the block kernel also with its rows not staged in shared memory, or staged before
-// the PDL wait: MINFER_CUDA_MV_STAGE; the pipe kernel on Q6_K too: MINFER_CUDA_MV_PIPE=all); "max diff" is the distance from
-// the warp kernel's result (sums in another order).  Built and run on the GPU machine:
+// smaller shapes).  "warp" forces the warp-per-row kernel (MINFER_CUDA_MV=warp), "block" the rule among the
+// block and pipe kernels (MINFER_CUDA_MV=block), "ahead old" the same with the pipe kernel's rule before its
+// whole-row build (MINFER_CUDA_MV_AHEAD=old); "max diff" is the distance from the warp kernel's result (sums in
+// another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
+// Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
 //        benchmarks/matvec_probe.cu csrc/common/error.cpp csrc/quant/types.cpp && /tmp/matvec_probe
 #include "backends/cuda/matvec_q8.cu"
@@ -24,7 +25,7 @@ int main() {
                       {"q6k down 3584x18944", GGML_TYPE_Q6_K, 3584, 18944}, {"q6k vocab 152064x3584", GGML_TYPE_Q6_K, 152064, 3584},
                       {"q4k 1.5b up 8960x1536", GGML_TYPE_Q4_K, 8960, 1536}, {"q6k 1.5b down 1536x8960", GGML_TYPE_Q6_K, 1536, 8960},
                       {"q6k 1.5b vocab 151936x1536", GGML_TYPE_Q6_K, 151936, 1536}, {"q8_0 0.5b vocab 151936x896", GGML_TYPE_Q8_0, 151936, 896},
-                      {"q4k qkv 4608x3584", GGML_TYPE_Q4_K, 4608, 3584}, {"q8_0 gate 18944x3584", GGML_TYPE_Q8_0, 18944, 3584},
+                      {"q4k qkv 4608x3584", GGML_TYPE_Q4_K, 4608, 3584}, {"q4k O 3584x3584", GGML_TYPE_Q4_K, 3584, 3584}, {"q8_0 gate 18944x3584", GGML_TYPE_Q8_0, 18944, 3584},
                       {"q8_0 down 3584x18944", GGML_TYPE_Q8_0, 3584, 18944}};
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
@@ -83,18 +84,10 @@ int main() {
         timeit("warp", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
         setenv("MINFER_CUDA_MV", "block", 1);
         timeit("block", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-        // the block kernel with its rows read from global memory, or staged before the wait; the pipe kernel also
-        // on Q6_K alone
-        for (const char* st : {"off", "before"}) {
-            setenv("MINFER_CUDA_MV_STAGE", st, 1);
-            setenv("MINFER_CUDA_MV_PIPE", "0", 1);
-            const std::string label = std::string("block ") + st;
-            timeit(label.c_str(), [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-        }
-        unsetenv("MINFER_CUDA_MV_STAGE");
-        setenv("MINFER_CUDA_MV_PIPE", "all", 1);
-        timeit("pipe all", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-        unsetenv("MINFER_CUDA_MV_PIPE");
+        // the pipe kernel's rule before the whole-row build (one chunk ahead, or two for launches of one wave)
+        setenv("MINFER_CUDA_MV_AHEAD", "old", 1);
+        timeit("ahead old", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
+        unsetenv("MINFER_CUDA_MV_AHEAD");
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) printf("CUDA error %s\n", cudaGetErrorString(e));
         cudaFree(W); cudaFree(scratch); cudaFree(y); cudaFree(y0);

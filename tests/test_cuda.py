@@ -143,9 +143,15 @@ def test_pipe_matvec(rng, monkeypatch, wtype, n, k, pipe):
         monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
         res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
     assert np.array_equal(res["0"], res[pipe])
-    for ahead in ("1", "2"):  # one or two chunks ahead: the same chunks, summed in the same order
+    # one or two chunks ahead, or a lane's whole row (K <= 4096: at most two chunks): the same chunks, summed in
+    # the same order
+    for ahead in ("1", "2") + (("whole",) if k <= 4096 else ()):
         monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
         assert np.array_equal(res["0"], M.cuda_matmul(t, w, x, n, path="q8")[0]), ahead
+    if 4096 < k < 8192:  # a third chunk a lane: the whole-row build cannot take it
+        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "whole")
+        with pytest.raises(minfer.MinferError, match="more than two chunks a lane"):
+            M.cuda_matmul(t, w, x, n, path="q8")
     monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
     check_against_float64(rng, wtype, n, k, 1, "q8")
     monkeypatch.setenv("MINFER_CUDA_MV_PIPE", "yes")
@@ -154,7 +160,7 @@ def test_pipe_matvec(rng, monkeypatch, wtype, n, k, pipe):
     if k < 8192:  # launches the pipe kernel takes read the lever
         monkeypatch.setenv("MINFER_CUDA_MV_PIPE", pipe)
         monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "3")
-        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_AHEAD must be auto, 1 or 2"):
+        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole"):
             M.cuda_matmul(t, w, x, n, path="q8")
 
 
@@ -307,11 +313,11 @@ def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
     assert [g.tensors[L + f"attn_{p}.weight"].type for p in "qkv"] == [12, 12, 14]  # Q4_K, Q4_K, Q6_K
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
     out = {}
-    for v, ahead in (("0", "auto"), ("1", "1"), ("1", "2")):
+    for v, ahead in (("0", "auto"), ("1", "1"), ("1", "2"), ("1", "whole")):
         monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
         monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
         out[v + ahead] = s.run_ops("cuda", [x], nodes)
-    for key in ("11", "12"):
+    for key in ("11", "12", "1whole"):
         for a, b in zip(out["0auto"], out[key]):
             assert np.array_equal(a, b), key
 
@@ -464,10 +470,13 @@ def test_qkv_rope_matches_unfused(q15, rng, monkeypatch, rows, kv_type, neox, pa
     unfused = s.run_ops("cuda", inputs, unfused_nodes)
     if path == "epilogue":
         monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
-    fused = s.run_ops("cuda", inputs, fused_nodes)
-    assert np.array_equal(fused[2][:, :1536], unfused[3])   # rotated q
-    assert np.array_equal(fused[2][:, 1536:], unfused[2][:, 1536:])  # k, v as projected
-    assert np.array_equal(fused[3], unfused[4])  # attention over the cache the fused node wrote
+    for ahead in ("auto", "1", "2", "whole"):  # every build of the pipe kernel's epilogue
+        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        fused = s.run_ops("cuda", inputs, fused_nodes)
+        assert np.array_equal(fused[2][:, :1536], unfused[3]), ahead   # rotated q
+        assert np.array_equal(fused[2][:, 1536:], unfused[2][:, 1536:]), ahead  # k, v as projected
+        assert np.array_equal(fused[3], unfused[4]), ahead  # attention over the cache the fused node wrote
+    monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
     monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
     if path == "kernel" and rows == 1:
         with pytest.raises(minfer.MinferError, match="cannot rotate and store"):

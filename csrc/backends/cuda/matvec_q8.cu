@@ -488,8 +488,12 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // weights while the kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
 // ROPE: FusedQkvRope's launch (rope_block_row's rows, store_rope_rows' end); the angles are computed before the
 // wait (the position is the step's input: no kernel of the step writes it).
+// AHEAD = kWholeRow: for rows of 33-64 chunks (2048 < K <= 4096), where a lane has at most two, both are loaded
+// before the wait and no register holds a third: 48 registers, 5 blocks an SM.
+constexpr int kWholeRow = 3;
+
 template <int AHEAD, bool ROPE>
-__global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
+__global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2 ? 4 : 5) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
@@ -513,7 +517,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_
         w = A.W + row.o * A.rb;
         q4k = A.type == GGML_TYPE_Q4_K;
         if (q4k && c < chunks) cur = q4k_load(w, c);
-        if (AHEAD == 2 && q4k && c + step < chunks) nxt = q4k_load(w, c + step);
+        if (AHEAD >= 2 && q4k && c + step < chunks) nxt = q4k_load(w, c + step);
     }
     pdl_start();
     uint8_t* dsm = xsm + x.K;  // K % 64 == 0: 16-byte aligned
@@ -522,7 +526,10 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 2 ? 4 : 6) matvec_
     __syncthreads();
     float acc = 0.0f;
     if (row.live && !q4k) acc = lane_chunks<GGML_TYPE_Q6_K, 1>(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
-    else if (row.live)
+    else if (row.live && AHEAD == kWholeRow) {  // the loop's two steps, in its order (the same bits)
+        if (c < chunks) acc += q4k_dot(cur, c, (const int8_t*)xsm, (const float2*)dsm);
+        if (c + step < chunks) acc += q4k_dot(nxt, c + step, (const int8_t*)xsm, (const float2*)dsm);
+    } else if (row.live)
         for (; c < chunks; c += step) {
             Q4kChunk nn{};
             if (c + AHEAD * step < chunks) nn = q4k_load(w, c + AHEAD * step);
@@ -558,20 +565,39 @@ bool pipe_kernel_for(const MatvecArgs& a) {
     return (q4k || all) && a.K < 8192;
 }
 
-// How far ahead the pipe kernel loads (1 or 2 chunks): 2 where a lane has a second chunk (rows of more than
-// 32 chunks: K > 2048) and the launch is at most 4 blocks an SM (one wave at AHEAD = 2's occupancy): the 7B's
-// O, the 0.5B's down.  1 for the longer launches (the 7B's gate/up: 4736 blocks), whose later waves start
-// after the wait anyway and keep 6 blocks an SM, and for the 1.5B's rows (K = 1536: one chunk a lane).
-// Measured (CUDA_NOTES runs 97-98, chained decode at 512): 2 everywhere 7B 512 -> 504 tok/s; this rule 0.5B
-// 1480 -> 1537, the 7B and 1.5B within noise.  MINFER_CUDA_MV_AHEAD=1|2 forces it (A/B lever, read per call).
+// How far ahead the pipe kernel loads (1 or 2 chunks, or kWholeRow).  kWholeRow wherever a lane has two chunks
+// at most and sometimes two (2048 < K <= 4096: the 7B's QKV, O and gate/up): every weight byte of a block is
+// asked for as it starts, at 5 blocks an SM.  Measured (CUDA_NOTES run 116, chained decode at 512): 7B 533-534 ->
+// 548-549 tok/s (the gate/up's share of the step 23.5 -> 21.5 us a layer, the QKV's 6.1 -> 5.1), the same in
+// the probe's single launches (it is the overlap with the kernels before that gains).  Otherwise the rule
+// before it ("old"): 2 where a lane has a second chunk and the launch is one wave at 4 blocks an SM (the 0.5B's
+// down), else 1 (the 1.5B's K = 1536 rows: one chunk a lane; runs 97-98: 2 everywhere cost the 7B 512 -> 504).
+// MINFER_CUDA_MV_AHEAD=1|2|whole forces a build, =old the previous rule (A/B levers, read per call).
 int pipe_ahead(int64_t blocks, int64_t K) {
-    if (const char* v = std::getenv("MINFER_CUDA_MV_AHEAD"); v && *v && std::strcmp(v, "auto")) {
+    const int64_t chunks = K / 64, step = kLanesPerRow * kMatvecWarps;
+    const char* v = std::getenv("MINFER_CUDA_MV_AHEAD");
+    if (v && *v && std::strcmp(v, "auto") && std::strcmp(v, "old")) {
         if (!std::strcmp(v, "1")) return 1;
         if (!std::strcmp(v, "2")) return 2;
-        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1 or 2, not '%s'", v));
+        if (!std::strcmp(v, "whole")) {
+            if (chunks > 2 * step)
+                throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD=whole: rows of %lld values have more than two chunks a lane",
+                                         (long long)K));
+            return kWholeRow;
+        }
+        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole, not '%s'", v));
     }
+    if (!(v && !std::strcmp(v, "old")) && chunks > step && chunks <= 2 * step) return kWholeRow;
     const int sms = sm_count();
-    return K / 64 > kLanesPerRow * kMatvecWarps && blocks <= 4 * int64_t(sms) ? 2 : 1;
+    return chunks > step && blocks <= 4 * int64_t(sms) ? 2 : 1;
+}
+
+// The pipe kernel's build for a mode of pipe_ahead.
+template <bool ROPE>
+void (*pipe_kernel(int ahead))(MatvecArgs, XQ) {
+    return ahead == kWholeRow ? matvec_q4k_pipe_kernel<kWholeRow, ROPE>
+           : ahead == 2       ? matvec_q4k_pipe_kernel<2, ROPE>
+                              : matvec_q4k_pipe_kernel<1, ROPE>;
 }
 
 using MatvecKernel = void (*)(MatvecArgs, XQ);
@@ -717,9 +743,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         if (!matvec_q8_rope_fusable(a))
             throw MinferError("CUDA matvec_q8: this launch cannot rotate q and k and store the KV rows itself");
         const unsigned blocks = unsigned(rows / kBlockRows);
-        launch("matvec_q8_rope", pipe_ahead(blocks, a.K) == 2 ? matvec_q4k_pipe_kernel<2, true>
-                                                             : matvec_q4k_pipe_kernel<1, true>,
-               dim3(blocks), dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+        launch("matvec_q8_rope", pipe_kernel<true>(pipe_ahead(blocks, a.K)), dim3(blocks), dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
         return;
     }
     if (block_kernel_for(a)) {
@@ -729,9 +753,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const int stage = block_stage(a, &smem, &forced);
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
-            launch("matvec_q8", pipe_ahead(grid.x, a.K) == 2 ? matvec_q4k_pipe_kernel<2, false> : matvec_q4k_pipe_kernel<1, false>,
-                   grid,
-                   dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+            launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
         else
             launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,
                    a, xq, stage);
