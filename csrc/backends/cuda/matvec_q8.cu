@@ -493,7 +493,8 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 constexpr int kWholeRow = 3;
 
 template <int AHEAD, bool ROPE>
-__global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2 ? 4 : 5) matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
+__global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2 ? 4 : 5)
+    matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
@@ -565,14 +566,14 @@ bool pipe_kernel_for(const MatvecArgs& a) {
     return (q4k || all) && a.K < 8192;
 }
 
-// How far ahead the pipe kernel loads (1 or 2 chunks, or kWholeRow).  kWholeRow wherever a lane has two chunks
-// at most and sometimes two (2048 < K <= 4096: the 7B's QKV, O and gate/up): every weight byte of a block is
+// How far ahead the pipe kernel loads (1 or 2 chunks, or kWholeRow).  kWholeRow for rows of 33-64 chunks
+// (2048 < K <= 4096: the 7B's QKV, O and gate/up), where no lane has more than two: every weight byte of a block is
 // asked for as it starts, at 5 blocks an SM.  Measured (CUDA_NOTES run 116, chained decode at 512): 7B 533-534 ->
-// 548-549 tok/s (the gate/up's share of the step 23.5 -> 21.5 us a layer, the QKV's 6.1 -> 5.1), the same in
-// the probe's single launches (it is the overlap with the kernels before that gains).  Otherwise the rule
+// 548-549 tok/s (the gate/up's share of the step 23.5 -> 21.5 us a layer, the QKV's 6.1 -> 5.1); the probe's
+// single launches did not move: the gain is in the overlap with the kernels before.  Other rows keep the rule
 // before it ("old"): 2 where a lane has a second chunk and the launch is one wave at 4 blocks an SM (the 0.5B's
 // down), else 1 (the 1.5B's K = 1536 rows: one chunk a lane; runs 97-98: 2 everywhere cost the 7B 512 -> 504).
-// MINFER_CUDA_MV_AHEAD=1|2|whole forces a build, =old the previous rule (A/B levers, read per call).
+// MINFER_CUDA_MV_AHEAD=1|2|whole forces a build, =old the previous rule everywhere (A/B levers, read per call).
 int pipe_ahead(int64_t blocks, int64_t K) {
     const int64_t chunks = K / 64, step = kLanesPerRow * kMatvecWarps;
     const char* v = std::getenv("MINFER_CUDA_MV_AHEAD");
@@ -743,7 +744,8 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         if (!matvec_q8_rope_fusable(a))
             throw MinferError("CUDA matvec_q8: this launch cannot rotate q and k and store the KV rows itself");
         const unsigned blocks = unsigned(rows / kBlockRows);
-        launch("matvec_q8_rope", pipe_kernel<true>(pipe_ahead(blocks, a.K)), dim3(blocks), dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+        launch("matvec_q8_rope", pipe_kernel<true>(pipe_ahead(blocks, a.K)), dim3(blocks), dim3(32 * kMatvecWarps),
+               size_t(a.K + a.K / 4), s, a, xq);
         return;
     }
     if (block_kernel_for(a)) {
@@ -753,7 +755,8 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const int stage = block_stage(a, &smem, &forced);
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
-            launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a, xq);
+            launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps),
+                   size_t(a.K + a.K / 4), s, a, xq);
         else
             launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,
                    a, xq, stage);
