@@ -39,6 +39,11 @@ enum class Op : uint8_t {
 };
 const char* op_name(Op op);
 
+// The ops that store k and v into the layer's KV cache, and those that read or write it (they get the
+// layer's KV regions: plan.cpp, and run_ops' cache in bind_engine.cpp).
+inline bool stores_kv(Op op) { return op == Op::KvStore || op == Op::RopeKvStore || op == Op::FusedQkvRope; }
+inline bool uses_kv(Op op) { return stores_kv(op) || op == Op::Attn; }
+
 enum class InputKind : uint8_t { Tokens, Positions, Data };  // Data: any f32 matrix (op tests)
 
 struct NodeInput {

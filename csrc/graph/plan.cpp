@@ -101,7 +101,7 @@ void Plan::allocate(bool keep_all) {
 
     // KV regions: created on first use, on the backend of the layer's KvStore.
     for (const Node& n : graph_.nodes) {
-        if (n.op != Op::KvStore && n.op != Op::RopeKvStore && n.op != Op::FusedQkvRope) continue;
+        if (!stores_kv(n.op)) continue;
         const int l = n.meta.layer;
         if (kv_.type != n.meta.kv_type || kv_.n_ctx != n.meta.n_ctx)
             throw MinferError(strfmt("graph KV (%s, %d positions) does not match the session's KV cache (%s, %d)",
@@ -131,7 +131,7 @@ void Plan::allocate(bool keep_all) {
             a.in.push_back(BufRef{id, in.col, pn.cols});
         }
         a.out = BufRef{buf_[i], 0, n.cols};
-        if (n.op == Op::KvStore || n.op == Op::RopeKvStore || n.op == Op::FusedQkvRope || n.op == Op::Attn) {
+        if (uses_kv(n.op)) {
             const KvRegion& r = kv_.layers.at(size_t(n.meta.layer));
             a.kv_k = r.k;
             a.kv_v = r.v;

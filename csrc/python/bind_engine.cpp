@@ -246,7 +246,7 @@ void bind_engine(py::module_& m) {
                         throw py::value_error("run_ops: a node input must name an earlier node");
                 }
                 if (d.contains("meta")) meta_from(n.meta, d["meta"]);
-                if (n.op == Op::KvStore || n.op == Op::RopeKvStore || n.op == Op::FusedQkvRope || n.op == Op::Attn) {
+                if (uses_kv(n.op)) {
                     kv_type = int(n.meta.kv_type);
                     n_ctx = n.meta.n_ctx;
                     if (n.meta.layer < 0) n.meta.layer = 0;

@@ -483,9 +483,8 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // 20 registers a chunk are not held across the loads.  Lane mapping: k = lane / 8 (the chunk of four), r =
 // lane % 8 (the row), so the eight lanes of a shared-memory phase read one address.  Each lane adds the same
 // chunks in the same order as the block kernel, and the four lanes of a row and the warps are summed in the
-// same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait): at K = 3584 that is
-// every chunk of a lane, so a launch of one wave (the 7B's O; its QKV's 576 blocks exceed one) reads all its
-// weights while the kernels before it run; it takes 60 registers (4 blocks an SM, not 6).
+// same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait), at 64 registers (4 blocks
+// an SM, not 6): for one-wave launches whose lanes walk more than two chunks (the 0.5B's down, K = 4864).
 // ROPE: FusedQkvRope's launch (rope_block_row's rows, store_rope_rows' end); the angles are computed before the
 // wait (the position is the step's input: no kernel of the step writes it).
 // AHEAD = kWholeRow: for rows of 33-64 chunks (2048 < K <= 4096), where a lane has at most two, both are loaded
@@ -577,7 +576,8 @@ bool pipe_kernel_for(const MatvecArgs& a) {
 int pipe_ahead(int64_t blocks, int64_t K) {
     const int64_t chunks = K / 64, step = kLanesPerRow * kMatvecWarps;
     const char* v = std::getenv("MINFER_CUDA_MV_AHEAD");
-    if (v && *v && std::strcmp(v, "auto") && std::strcmp(v, "old")) {
+    const bool old = v && !std::strcmp(v, "old");
+    if (v && *v && std::strcmp(v, "auto") && !old) {
         if (!std::strcmp(v, "1")) return 1;
         if (!std::strcmp(v, "2")) return 2;
         if (!std::strcmp(v, "whole")) {
@@ -586,9 +586,9 @@ int pipe_ahead(int64_t blocks, int64_t K) {
                                          (long long)K));
             return kWholeRow;
         }
-        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole, not '%s'", v));
+        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole (or old), not '%s'", v));
     }
-    if (!(v && !std::strcmp(v, "old")) && chunks > step && chunks <= 2 * step) return kWholeRow;
+    if (!old && chunks > step && chunks <= 2 * step) return kWholeRow;
     const int sms = sm_count();
     return chunks > step && blocks <= 4 * int64_t(sms) ? 2 : 1;
 }
