@@ -5,12 +5,13 @@
 // block and pipe kernels (MINFER_CUDA_MV=block), "ahead old" the same with the pipe kernel's rule before its
 // whole-row build (MINFER_CUDA_MV_AHEAD=old); "max diff" is the distance from the warp kernel's result (sums in
 // another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
-// Built and run on the GPU machine:
+// PROBE_SHAPES=<substring> runs only the shapes whose names contain it.  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
 //        benchmarks/matvec_probe.cu csrc/common/error.cpp csrc/quant/types.cpp && /tmp/matvec_probe
 #include "backends/cuda/matvec_q8.cu"
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 #include <random>
@@ -30,9 +31,12 @@ int main() {
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
     std::mt19937 rng(1);
+    const char* only = getenv("PROBE_SHAPES");  // a substring of the shapes' names to run (all when unset)
     for (auto& S : shapes) {
+        if (only && *only && !strstr(S.name, only)) continue;
         const int bb = type_traits(S.type).type_size;
-        const int64_t rb = int64_t(row_size(S.type, S.K)), bytes = S.N * rb;
+        const bool q6k = S.type == GGML_TYPE_Q6_K;  // the device lays Q6_K rows out its own way (q6k_layout.cuh)
+        const int64_t rb = q6k ? q6k_row_bytes(S.K) : int64_t(row_size(S.type, S.K)), bytes = S.N * rb;
         const int copies = int(std::max<int64_t>(3, (600ll << 20) / bytes));
         std::vector<uint8_t> h(bytes + 64);
         for (auto& v : h) v = uint8_t(rng());
@@ -41,6 +45,10 @@ int main() {
             uint16_t d = 0x1c00 | (rng() & 0x3ff), m = 0x1c00 | (rng() & 0x3ff);
             memcpy(&h[b + doff], &d, 2);
             if (S.type == GGML_TYPE_Q4_K) memcpy(&h[b + offsetof(block_q4_K, dmin)], &m, 2);
+        }
+        if (q6k) {
+            std::vector<uint8_t> packed(h.begin(), h.begin() + S.N * int64_t(row_size(S.type, S.K)));
+            q6k_lay_rows(packed.data(), h.data(), S.N, S.K);
         }
         uint8_t* W; cudaMalloc(&W, bytes * copies + 64);
         for (int c = 0; c < copies; c++) cudaMemcpy(W + c * bytes, h.data(), bytes, cudaMemcpyHostToDevice);

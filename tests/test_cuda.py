@@ -258,6 +258,11 @@ def test_getrows_and_tailrow(q15, rng):
     gpu, ref = both(s, [ids], [dict(op="GetRows", inputs=[0], rows=6, cols=1536, meta=dict(weight="token_embd.weight")),
                                dict(op="TailRow", inputs=[1], rows=1, cols=1536, meta=dict(src_row=5))])
     assert np.array_equal(gpu, ref)  # the same dequantization, rounded the same way
+    # output.weight is Q6_K: rows of 6 blocks (1260 bytes) the device pads to 1264 and rotates (q6k_layout.cuh)
+    assert minfer.gguf.open(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m"))).tensors["output.weight"].type == 14
+    ids = np.concatenate([ids, [[0], [1], [151935]]]).astype(np.int32)  # the first rows and the last
+    gpu, ref = both(s, [ids], [dict(op="GetRows", inputs=[0], rows=9, cols=1536, meta=dict(weight="output.weight"))])
+    assert np.array_equal(gpu, ref)
 
 
 def test_matmul_node_with_bias(q15, rng):

@@ -187,9 +187,13 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
           "allocating the chain's results");
     check(cudaHostGetDevicePointer((void**)&chain_dev_, chain_host_, 0), "mapping the chain's results");
 
-    // Weights: one arena, each tensor 256-byte aligned.
+    // Weights: one arena, each tensor 256-byte aligned, its rows as the device lays them (cuda::lay_rows: Q6_K's
+    // padded and rotated, q6k_layout.cuh; every other type as in the file).
+    auto dev_bytes = [](const Weight& w) {
+        return type_supported(w.type) ? size_t(w.rows()) * size_t(cuda::row_bytes(w.type, w.cols())) : w.nbytes;
+    };
     size_t total = 0;
-    for (auto& [name, w] : weights->all()) total += (w.nbytes + 255) / 256 * 256;
+    for (auto& [name, w] : weights->all()) total += (dev_bytes(w) + 255) / 256 * 256;
     size_t free_b = 0, total_b = 0;
     check(cudaMemGetInfo(&free_b, &total_b), "querying device memory");
     if (total + reserve_bytes > free_b)
@@ -212,17 +216,27 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     try {
         for (auto& [name, w] : weights->all()) {
             if (!type_supported(w.type)) continue;  // not registered: the gate keeps the backend out
-            for (size_t done = 0; done < w.nbytes; done += kChunk) {
-                const size_t n = std::min(kChunk, w.nbytes - done);
+            if (w.nbytes == 0 || w.cols() == 0) {
+                weights_[name] = DevWeight{arena_ + off, w.type, w.rows(), w.cols()};
+                continue;
+            }
+            // whole rows a staging buffer (a row of the largest tensor is well under kChunk)
+            const int64_t rows = w.rows(), src_rb = int64_t(w.nbytes) / rows, dst_rb = cuda::row_bytes(w.type, w.cols());
+            const int64_t per_chunk = std::max<int64_t>(1, int64_t(kChunk) / dst_rb);
+            if (dst_rb > int64_t(kChunk) || src_rb * rows != int64_t(w.nbytes))
+                throw MinferError(strfmt("CUDA: weight '%s' has rows of %lld bytes (staging takes whole rows of at "
+                                         "most %zu)", name.c_str(), (long long)dst_rb, kChunk));
+            for (int64_t r0 = 0; r0 < rows; r0 += per_chunk) {
+                const int64_t nr = std::min(per_chunk, rows - r0);
                 wait(copied[which], "uploading weights");  // this staging buffer's last copy is done
-                std::memcpy(pinned[which], w.data + done, n);
-                check(cudaMemcpyAsync(arena_ + off + done, pinned[which], n, cudaMemcpyHostToDevice, stream_),
-                      "uploading a weight");
+                cuda::lay_rows(w.type, w.data + r0 * src_rb, pinned[which], nr, w.cols());
+                check(cudaMemcpyAsync(arena_ + off + r0 * dst_rb, pinned[which], size_t(nr * dst_rb),
+                                      cudaMemcpyHostToDevice, stream_), "uploading a weight");
                 check(cudaEventRecord(copied[which], stream_), "recording an event");
                 which ^= 1;
             }
             weights_[name] = DevWeight{arena_ + off, w.type, w.rows(), w.cols()};
-            off += (w.nbytes + 255) / 256 * 256;
+            off += (dev_bytes(w) + 255) / 256 * 256;
         }
         synchronize();
     } catch (...) {
@@ -777,7 +791,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
                                int rows, int iters, double* seconds_per_call, const std::string& path) {
     if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
     if (!type_supported(type)) throw MinferError(strfmt("CUDA: weight type %s is not supported", type_traits(type).name));
-    if (w_bytes != size_t(N) * size_t(row_bytes(type, K)))
+    if (w_bytes != size_t(N) * row_size(type, K))
         throw MinferError(strfmt("cuda_matmul: %zu weight bytes for %lld rows of %lld %s values", w_bytes, (long long)N,
                                  (long long)K, type_traits(type).name));
     // The path the backend would take (auto), or one forced: f32 or q8 matvec (at most kMatvecMaxRows rows), gemm.
@@ -791,10 +805,13 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     if (how == "q8" && !cuda::matvec_q8_supported(type, K))
         throw MinferError(strfmt("cuda_matmul: no 8-bit-activation matvec for %s at width %lld", type_traits(type).name,
                                  (long long)K));
-    DevMem dw(w_bytes + 256), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
+    const size_t dev_w = size_t(N) * size_t(row_bytes(type, K));  // the upload's layout (lay_rows)
+    DevMem dw(dev_w + 256), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
         xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4),
         xq(cuda::matvec_q8_scratch_bytes(rows, K));
-    check(cudaMemcpy(dw.p, w, w_bytes, cudaMemcpyHostToDevice), "uploading");
+    std::vector<uint8_t> laid(dev_w);
+    lay_rows(type, w, laid.data(), N, K);
+    check(cudaMemcpy(dw.p, laid.data(), dev_w, cudaMemcpyHostToDevice), "uploading");
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {

@@ -7,11 +7,13 @@
 // weights (matvec, GEMM tiles, embedding gather) goes through here.
 #pragma once
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/q6k_layout.cuh"
 #include "quant/types.h"
 
 namespace minfer::cuda {
 
-// Sizes of a block in bytes and values, per type (ggml's layouts).
+// Sizes of a block in bytes and values, per type (ggml's layouts; Q6_K's blocks are rotated on the device, and
+// its rows padded to 16 bytes: q6k_layout.cuh).
 template <int T> struct Block;
 template <> struct Block<GGML_TYPE_F32>  { static constexpr int bytes = 4,   values = 1; };
 template <> struct Block<GGML_TYPE_F16>  { static constexpr int bytes = 2,   values = 1; };
@@ -96,12 +98,12 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
                 if constexpr (T == GGML_TYPE_Q5_K) v |= ((b[16 + l0 + i] >> sub) & 1) << 4;
                 y[i] = __fsub_rn(__fmul_rn(dl, float(v)), ml);
             }
-        } else if constexpr (T == GGML_TYPE_Q6_K) {
+        } else if constexpr (T == GGML_TYPE_Q6_K) {  // the device layout (q6k_layout.cuh): block j / QV rotated
             const float d = f16_at(b + 208);
-            const int half = e / 128, k = (e / 32) % 4, m0 = e % 32;
-            const uint8_t* ql = b + half * 64 + (k % 2) * 32 + m0;
-            const uint8_t* qh = b + 128 + half * 32 + m0;
-            const float dl = __fmul_rn(d, float(((const int8_t*)(b + 192))[e / 16]));
+            const int half = e / 128, k = (e / 32) % 4, m0 = e % 32, pre = q6k_pre(j / QV);
+            const uint8_t* ql = b + pre + half * 64 + (k % 2) * 32 + m0;
+            const uint8_t* qh = b + pre + 128 + half * 32 + m0;
+            const float dl = __fmul_rn(d, float(int8_t(b[q6k_s(e / 16, pre)])));
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 int lo = (ql[i] >> (4 * (k / 2))) & 0xf, hi = (qh[i] >> (2 * k)) & 3;

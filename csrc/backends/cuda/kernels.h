@@ -13,7 +13,11 @@ namespace minfer::cuda {
 enum ErrorBits : uint32_t { kBadTokenId = 1, kBadPosition = 2, kNanLogit = 4 };
 
 bool type_supported(uint32_t type);
+// Bytes of a row in device memory (the GGUF row, but Q6_K's padded to 16 bytes: q6k_layout.cuh).
 int64_t row_bytes(uint32_t type, int64_t cols);
+// A tensor's bytes as the device holds them: `rows` GGUF rows of `cols` values (src, packed) -> dst
+// (row_bytes(type, cols) a row; Q6_K rows laid out by q6k_lay_rows, other types copied).
+void lay_rows(uint32_t type, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols);
 
 // y[r, o] = dot(x[r, :K], W[o, :K]) (+ bias[o]) for r < n_rows <= kMatvecMaxRows (matvec.cu).
 // Several weights ("parts", any types, same K) in one launch: part p writes

@@ -136,12 +136,18 @@ bool type_supported(uint32_t type) {
 }
 
 int64_t row_bytes(uint32_t type, int64_t cols) {
+    if (type == GGML_TYPE_Q6_K) return q6k_row_bytes(cols);  // padded to 16 bytes on the device (q6k_layout.cuh)
     switch (type) {
 #define X(t) case t: return cols / Block<t>::values * Block<t>::bytes;
         MINFER_CUDA_TYPES(X)
 #undef X
         default: throw MinferError(strfmt("CUDA: weight type %u is not supported", type));
     }
+}
+
+void lay_rows(uint32_t type, const uint8_t* src, uint8_t* dst, int64_t rows, int64_t cols) {
+    if (type == GGML_TYPE_Q6_K) q6k_lay_rows(src, dst, rows, cols);
+    else std::memcpy(dst, src, size_t(rows) * size_t(row_bytes(type, cols)));
 }
 
 void matvec(const MatvecArgs& a, cudaStream_t s) {

@@ -14,6 +14,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
+#include "backends/cuda/q6k_layout.cuh"
 #include "backends/cuda/rope.cuh"
 #include "backends/cuda/unit_decode.cuh"
 
@@ -107,31 +108,17 @@ __device__ __forceinline__ void load_a2(const uint8_t* p, uint32_t* w) {
     for (int i = 0; i < N; i++) w[i] = __funnelshift_r(v[i], v[i + 1], sh);
 }
 
-// 32 bytes (8 words) at a 2-byte aligned address from three aligned 16-byte loads: the words picked by the
-// address's word offset (two selects a word, no register indexing) and joined by a funnel shift.  Reads up to
-// 16 bytes past the field (Q6_K: inside the same 210-byte block for every field it is used on).  For Q6_K in
-// the block kernel, where it replaces twenty 4-byte loads a chunk by six 16-byte ones: ncu had the Q6_K down
-// stalled on the load queue (LG throttle), and the 7B's Q6_K down from DRAM went 26.5 -> 21.1 us (CUDA_NOTES
-// run 91).  The other Q6_K kernels keep load_a2: with it they spill at their register caps.
-__device__ __forceinline__ void load32_a2v(const uint8_t* p, uint32_t* w) {
-    const uint4* q = (const uint4*)(uintptr_t(p) & ~uintptr_t(15));
-    const uint32_t m = uint32_t(uintptr_t(p) & 15), o = m >> 2, sh = (m & 3) * 8;
-    const uint4 a = q[0], b = q[1], c = q[2];
-    const uint32_t v[12] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w, c.x, c.y, c.z, c.w};
-    uint32_t pv[11], W[9];
-#pragma unroll
-    for (int t = 0; t < 11; t++) pv[t] = (o & 1) ? v[t + 1] : v[t];
-#pragma unroll
-    for (int t = 0; t < 9; t++) W[t] = (o & 2) ? pv[t + 2] : pv[t];
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i] = __funnelshift_r(W[i], W[i + 1], sh);
-}
-
 // q - 32 in each byte of four 6-bit values (0..63; Q6_K), as signed bytes: setting each byte's top bit first
 // keeps every byte's subtraction from borrowing out of it, and the xor puts the sign back.  The same bytes
 // as __vsubss4(q, 0x20202020) (nothing saturates), in 3 integer ops instead of its ~14-instruction emulation
-// (sm_90 has no byte-SIMD subtract): 16 of them per 64-value chunk were most of the Q6_K kernel's ALU work.
+// (sm_90 has no byte-SIMD subtract).
 __device__ __forceinline__ uint32_t minus32_bytes(uint32_t q) { return ((q | 0x80808080u) - 0x20202020u) ^ 0x80808080u; }
+
+// Or q left as it is: sum(q x) + sum(-32 x), the second a dp4a of x with -32 in every byte -- the same integer
+// (no sum overflows), so the same bits, in 1 instruction per 4 values instead of 3.  Taken where a lane's loop
+// is unrolled by two (the 7B's Q6_K down: 22.0 -> 20.5 us from DRAM, CUDA_NOTES run 120); at the 40-register
+// cap of the other Q6_K builds it spilled, and the 7B's vocabulary went 142.7 -> 146.5 us.
+constexpr int kMinus32 = int(0xe0e0e0e0u);
 
 // Four bits of qh (values 4w..4w+3) moved to bit 4 of each byte (Q5_0's fifth bit).
 __device__ __forceinline__ int spread4(uint32_t b4) {
@@ -140,9 +127,14 @@ __device__ __forceinline__ int spread4(uint32_t b4) {
 
 template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q6_K ? 64 : 32; }
 
+// How a Q6_K chunk is read and offset: its ql and qh 16 bytes of each at a time (kQ6Words: fewer registers live)
+// or all 64 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
+// 32 taken off by dp4a (kMinus32).
+enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
+
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
-// V (Q6_K only): the weight bytes through load32_a2v instead of load_a2.
-template <int T, bool V = false>
+// Q6 (Q6_K only): how its chunk is read and offset (above).
+template <int T, int Q6 = kQ6Words>
 __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int c, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ ds) {
     if constexpr (T == GGML_TYPE_Q8_0) {
@@ -183,28 +175,22 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
     } else if constexpr (T == GGML_TYPE_Q4_K) {
         return q4k_dot(q4k_load(row, c), c, xq, ds);
     } else {
-        // Q6_K: chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half + kk, kk in {0, 1}): the low
-        // and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4 of the same 32 bytes of
-        // qh; w = d * sc * (q - 32), one int8 scale per 16 values.
-        const uint8_t* b = row + int64_t(c / 4) * 210;
-        const int half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk, sub = (c / 4) * 8 + j;
+        // Q6_K (the device layout, q6k_layout.cuh): chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half
+        // + kk, kk in {0, 1}): the low and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4
+        // of the same 32 bytes of qh, each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
+        const int64_t blk = c / 4;
+        const uint8_t* b = row + blk * 210;
+        const int pre = q6k_pre(blk), half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk, sub = int(blk) * 8 + j;
+        const uint4* qlp = (const uint4*)(b + pre + half * 64 + kk * 32);
+        const uint4* qhp = (const uint4*)(b + pre + 128 + half * 32);
         const int4* xp = (const int4*)(xq + sub * 32);
         int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
-        uint32_t ql8[8], qh8[8];
-        if constexpr (V) {
-            load32_a2v(b + half * 64 + kk * 32, ql8);
-            load32_a2v(b + 128 + half * 32, qh8);
-        }
+        uint4 ql2[2], qh2[2];
+        if constexpr (Q6 != kQ6Words) ql2[0] = qlp[0], ql2[1] = qlp[1], qh2[0] = qhp[0], qh2[1] = qhp[1];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {  // 16 bytes of ql and qh at a time: half the registers live
-            uint32_t ql[4], qh[4];
-            if constexpr (V) {
-#pragma unroll
-                for (int i = 0; i < 4; i++) ql[i] = ql8[4 * h + i], qh[i] = qh8[4 * h + i];
-            } else {
-                load_a2<4>(b + half * 64 + kk * 32 + 16 * h, ql);
-                load_a2<4>(b + 128 + half * 32 + 16 * h, qh);
-            }
+        for (int h = 0; h < 2; h++) {  // 16 bytes of ql and qh at a time
+            const uint4 L = Q6 != kQ6Words ? ql2[h] : qlp[h], H = Q6 != kQ6Words ? qh2[h] : qhp[h];
+            const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
             const int4 xa = xp[h], xb = xp[4 + h];  // sub-blocks j and j + 2
             const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
@@ -212,11 +198,16 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
                 const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
                 const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
                 const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
-                s[h] = dp4a(int(minus32_bytes(lo)), xl[i], s[h]);
-                s[2 + h] = dp4a(int(minus32_bytes(hi)), xh[i], s[2 + h]);
+                if constexpr (Q6 == kQ6WideDp4a) {
+                    s[h] = dp4a(kMinus32, xl[i], dp4a(int(lo), xl[i], s[h]));
+                    s[2 + h] = dp4a(kMinus32, xh[i], dp4a(int(hi), xh[i], s[2 + h]));
+                } else {
+                    s[h] = dp4a(int(minus32_bytes(lo)), xl[i], s[h]);
+                    s[2 + h] = dp4a(int(minus32_bytes(hi)), xh[i], s[2 + h]);
+                }
             }
         }
-        const uint32_t sa = *(const uint16_t*)(b + 192 + 2 * j), sb = *(const uint16_t*)(b + 196 + 2 * j);
+        const uint32_t sa = *(const uint16_t*)(b + q6k_s(2 * j, pre)), sb = *(const uint16_t*)(b + q6k_s(2 * j + 4, pre));
         return f16_at(b + 208) *
                (ds[sub].x * (float(int8_t(sa & 0xff)) * float(s[0]) + float(int8_t(sa >> 8)) * float(s[1])) +
                 ds[sub + 2].x * (float(int8_t(sb & 0xff)) * float(s[2]) + float(int8_t(sb >> 8)) * float(s[3])));
@@ -295,15 +286,15 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // loop rolled (unrolled by the compiler it spills at 40 registers); U = 0 leaves the compiler's choice.
 constexpr int kBlockRows = 8, kLanesPerRow = 4;
 
-template <int T, int U, bool V = false>
+template <int T, int U, int Q6 = kQ6Words>
 __device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
     float acc = 0.0f;
     const int chunks = int(x.K / chunk_values<T>());
     if constexpr (U == 0) {  // the compiler's choice
-        for (; c < chunks; c += step) acc += chunk_dot<T, V>(row, c, x.q, x.ds);
+        for (; c < chunks; c += step) acc += chunk_dot<T, Q6>(row, c, x.q, x.ds);
     } else {
 #pragma unroll U
-        for (; c < chunks; c += step) acc += chunk_dot<T, V>(row, c, x.q, x.ds);
+        for (; c < chunks; c += step) acc += chunk_dot<T, Q6>(row, c, x.q, x.ds);
     }
     return acc;
 }
@@ -405,7 +396,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
         const uint8_t* w = staged ? wsm + slot : A.W + row.o * A.rb;
         const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
         if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
-        else acc = lane_chunks<T, U, true>(w, x, c, step);  // true: Q6_K through load32_a2v
+        else acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c, step);
     }
 #pragma unroll
     for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);

@@ -147,15 +147,15 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
             for (int i = 0; i < 32; i++) U.q[i] = float((byte_at(qs, i) >> shift) & 0xf);
         }
     } else if constexpr (T == GGML_TYPE_Q6_K) {
-        const uint8_t* b = row + (u / 8) * 210;
-        const int j = int(u % 8), half = j / 4, k = j % 4;
+        const uint8_t* b = row + (u / 8) * 210;  // the device layout (q6k_layout.cuh): rotated by pre
+        const int j = int(u % 8), half = j / 4, k = j % 4, pre = q6k_pre(u / 8);
         uint32_t ql[8], qh[8];
-        load16_a2(b + half * 64 + (k % 2) * 32, ql);
-        load16_a2(b + half * 64 + (k % 2) * 32 + 16, ql + 4);
-        load16_a2(b + 128 + half * 32, qh);
-        load16_a2(b + 128 + half * 32 + 16, qh + 4);
+        load16_a2(b + pre + half * 64 + (k % 2) * 32, ql);
+        load16_a2(b + pre + half * 64 + (k % 2) * 32 + 16, ql + 4);
+        load16_a2(b + pre + 128 + half * 32, qh);
+        load16_a2(b + pre + 128 + half * 32 + 16, qh + 4);
         const float d = h2f(*(const uint16_t*)(b + 208));
-        const uint32_t sc = *(const uint16_t*)(b + 192 + 2 * j);  // the two int8 scales of this unit
+        const uint32_t sc = *(const uint16_t*)(b + q6k_s(2 * j, pre));  // the two int8 scales of this unit
         U.a_lo = d * float(int8_t(sc & 0xff));
         U.a_hi = d * float(int8_t(sc >> 8));
         U.b = 0.0f;
