@@ -189,6 +189,25 @@ def test_block_matvec_staging(rng, monkeypatch, wtype, n, k):
         M.cuda_matmul(t, w, x, n, path="q8")
 
 
+@pytest.mark.parametrize("n,k", [(300, 3584), (1000, 8960), (77, 1536)])
+def test_q6k_block_unrolled(rng, monkeypatch, n, k):
+    """The block kernel's Q6_K build unrolled by two (taken where a lane has a second chunk: K > 2048) sums the
+    same chunks in the same order as the rolled one, the 32 taken off each weight by a dp4a of x instead of
+    byte-wise -- the same integers: the same bits as MINFER_CUDA_MV_Q6K=old (the rolled build below 8192), and
+    within the float64 bound; a bad value is an error."""
+    t, w = random_weight("q6_k", n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    auto = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "old")
+    assert np.array_equal(auto, M.cuda_matmul(t, w, x, n, path="q8")[0])
+    monkeypatch.delenv("MINFER_CUDA_MV_Q6K")
+    check_against_float64(rng, "q6_k", n, k, 1, "q8")
+    monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "2")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_Q6K must be auto or old"):
+        M.cuda_matmul(t, w, x, n, path="q8")
+
+
 def test_decode_path_lever(rng, monkeypatch):
     """auto takes the 8-bit-activation matvec (it computes differently from the f32 one);
     MINFER_CUDA_DECODE=f32 switches back; a bad value is an error."""

@@ -615,6 +615,19 @@ MatvecKernel warp_kernel_build(const MatvecArgs& a) {
     }
 }
 
+// Whether the block kernel's Q6_K build is the one unrolled by two (64 registers, 4 blocks an SM; else 40 and
+// 6): for rows of 8192 or more, and (since the aligned layout, q6k_layout.cuh) wherever a lane has a second
+// chunk (K > 2048: the 7B's vocabulary, K = 3584, 133.4 -> 128.3 us from DRAM; the 1.5B's, K = 1536, one chunk a
+// lane, would go 78.0 -> 86.8: CUDA_NOTES run 123).  MINFER_CUDA_MV_Q6K=old keeps the rows-of-8192 rule alone
+// (A/B lever, read per call).
+bool q6k_unrolled(const MatvecArgs& a) {
+    const char* v = std::getenv("MINFER_CUDA_MV_Q6K");
+    const bool old = v && !std::strcmp(v, "old");
+    if (v && *v && std::strcmp(v, "auto") && !old)
+        throw MinferError(strfmt("MINFER_CUDA_MV_Q6K must be auto or old, not '%s'", v));
+    return a.K >= 8192 || (!old && a.K / 64 > kLanesPerRow * kMatvecWarps);
+}
+
 BlockKernel block_kernel_build(const MatvecArgs& a) {
     const int t = launch_type(a);
     const bool long_rows = a.K >= 8192;
@@ -623,7 +636,7 @@ BlockKernel block_kernel_build(const MatvecArgs& a) {
         case GGML_TYPE_Q5_0: return matvec_q8_block_kernel<GGML_TYPE_Q5_0, 0>;
         case GGML_TYPE_Q8_0: return matvec_q8_block_kernel<GGML_TYPE_Q8_0, 0>;
         case GGML_TYPE_Q4_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q4_K, 0>;
-        case GGML_TYPE_Q6_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1>;
+        case GGML_TYPE_Q6_K: return q6k_unrolled(a) ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1>;
         default: return matvec_q8_block_kernel<kAnyType, 0>;
     }
 }
