@@ -116,8 +116,9 @@ __device__ __forceinline__ uint32_t minus32_bytes(uint32_t q) { return ((q | 0x8
 
 // Or q left as it is: sum(q x) + sum(-32 x), the second a dp4a of x with -32 in every byte -- the same integer
 // (no sum overflows), so the same bits, in 1 instruction per 4 values instead of 3.  Taken where a lane's loop
-// is unrolled by two (the 7B's Q6_K down: 22.0 -> 20.5 us from DRAM, CUDA_NOTES run 120); at the 40-register
-// cap of the other Q6_K builds it spilled, and the 7B's vocabulary went 142.7 -> 146.5 us.
+// is unrolled by two (the 7B's Q6_K down, on the packed layout: 22.0 -> 20.5 us from DRAM, CUDA_NOTES run 120);
+// the builds at the 40-register cap keep the byte-wise subtract (runs 120, 123: there it spills, and moved the
+// vocabularies both ways).
 constexpr int kMinus32 = int(0xe0e0e0e0u);
 
 // Four bits of qh (values 4w..4w+3) moved to bit 4 of each byte (Q5_0's fifth bit).
@@ -281,9 +282,10 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // 3584 x 18944 at 2.24 TB/s, this layout 2.56; the shape's plain streaming read 3.15).  Same 40 registers.
 // The kernel is built per weight type (T; kAnyType switches per row, for launches whose parts differ in type):
 // the switching build ran Q6_K at 1.46 TB/s, its own build at 1.89 (run 42).  U = 2 unrolls a lane's loop
-// by two (two chunks' loads in flight, 64 registers, four blocks per SM): for long rows only, where a lane
-// walks >= 4 chunks (Q4_K 3584 x 18944: 2.09 -> 2.37 TB/s; 3584-long rows lose 5-15 %).  U = 1 keeps Q6_K's
-// loop rolled (unrolled by the compiler it spills at 40 registers); U = 0 leaves the compiler's choice.
+// by two (two chunks' loads in flight, 64 registers, four blocks per SM): for long rows, where a lane walks
+// >= 4 chunks (Q4_K 3584 x 18944: 2.09 -> 2.37 TB/s; 3584-long rows lose 5-15 %), and Q6_K rows where a lane
+// has a second chunk (q6k_unrolled).  U = 1 keeps Q6_K's loop rolled (unrolled by the compiler it spills at 40
+// registers); U = 0 leaves the compiler's choice.
 constexpr int kBlockRows = 8, kLanesPerRow = 4;
 
 template <int T, int U, int Q6 = kQ6Words>
