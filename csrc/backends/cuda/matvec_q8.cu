@@ -645,11 +645,12 @@ BlockKernel block_kernel_build(const MatvecArgs& a) {
 
 // Whether the block kernel stages its rows in shared memory (stage_block_rows), and the bytes it needs: the
 // copies are whole 16-byte pieces, so every part's rows must start 16-byte aligned (W aligned, rb % 4 == 0
-// with 4 or 8 rows a region), and 8 rows (+ 16 bytes: a Q6_K chunk reads a word past its field) must fit the
-// 48 KB a launch gets without opting in.  Unset (auto), rows are staged before the PDL wait where a block's
-// rows take at most 12 KB: six blocks an SM then hold 72 KB of shared memory and leave L1 most of its 256 KB
-// for x.  Measured (CUDA_NOTES runs 75-76, decode, three rounds): staged before the wait everywhere, 1.5B
-// 884 -> 926 tok/s (its rows: 7-10 KB a block) but 7B 426 -> 420 (16-24 KB); after the wait the 7B lost 4-7 %.
+// with 4 or 8 rows a region), and 8 rows (+ 16 bytes: the packed types' word loads read up to 4 bytes past a
+// field) must fit the 48 KB a launch gets without opting in.  Unset (auto), rows are staged before the PDL
+// wait where a block's rows take at most 12 KB: six blocks an SM then hold 72 KB of shared memory and leave L1
+// most of its 256 KB for x.  Measured (CUDA_NOTES runs 75-76, decode, three rounds): staged before the wait
+// everywhere, 1.5B 884 -> 926 tok/s (its rows: 7-10 KB a block) but 7B 426 -> 420 (16-24 KB); after the wait the
+// 7B lost 4-7 %.
 // MINFER_CUDA_MV_STAGE=off|after|before forces a mode (A/B lever, read per call).
 int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
     int mode = -1;
