@@ -7,7 +7,8 @@
 // another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
 // PROBE_SHAPES=<substring> runs only the shapes whose names contain it.  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
-//        benchmarks/matvec_probe.cu csrc/common/error.cpp csrc/quant/types.cpp && /tmp/matvec_probe
+//        benchmarks/matvec_probe.cu csrc/backends/cuda/matvec.cu csrc/common/error.cpp csrc/quant/types.cpp &&
+//        /tmp/matvec_probe
 #include "backends/cuda/matvec_q8.cu"
 #include <cstddef>
 #include <cstdio>
@@ -35,21 +36,18 @@ int main() {
     for (auto& S : shapes) {
         if (only && *only && !strstr(S.name, only)) continue;
         const int bb = type_traits(S.type).type_size;
-        const bool q6k = S.type == GGML_TYPE_Q6_K;  // the device lays Q6_K rows out its own way (q6k_layout.cuh)
-        const int64_t rb = q6k ? q6k_row_bytes(S.K) : int64_t(row_size(S.type, S.K)), bytes = S.N * rb;
+        const int64_t packed_bytes = S.N * int64_t(row_size(S.type, S.K));  // the file's rows
+        const int64_t rb = row_bytes(S.type, S.K), bytes = S.N * rb;        // the device's (Q6_K's padded)
         const int copies = int(std::max<int64_t>(3, (600ll << 20) / bytes));
-        std::vector<uint8_t> h(bytes + 64);
-        for (auto& v : h) v = uint8_t(rng());
+        std::vector<uint8_t> packed(packed_bytes), h(bytes + 64);
+        for (auto& v : packed) v = uint8_t(rng());
         const size_t doff = S.type == GGML_TYPE_Q6_K ? offsetof(block_q6_K, d) : 0;  // the f16 scale(s) of each block
-        for (int64_t b = 0; b < bytes; b += bb) {
+        for (int64_t b = 0; b < packed_bytes; b += bb) {
             uint16_t d = 0x1c00 | (rng() & 0x3ff), m = 0x1c00 | (rng() & 0x3ff);
-            memcpy(&h[b + doff], &d, 2);
-            if (S.type == GGML_TYPE_Q4_K) memcpy(&h[b + offsetof(block_q4_K, dmin)], &m, 2);
+            memcpy(&packed[b + doff], &d, 2);
+            if (S.type == GGML_TYPE_Q4_K) memcpy(&packed[b + offsetof(block_q4_K, dmin)], &m, 2);
         }
-        if (q6k) {
-            std::vector<uint8_t> packed(h.begin(), h.begin() + S.N * int64_t(row_size(S.type, S.K)));
-            q6k_lay_rows(packed.data(), h.data(), S.N, S.K);
-        }
+        lay_rows(S.type, packed.data(), h.data(), S.N, S.K);  // as the upload lays them
         uint8_t* W; cudaMalloc(&W, bytes * copies + 64);
         for (int c = 0; c < copies; c++) cudaMemcpy(W + c * bytes, h.data(), bytes, cudaMemcpyHostToDevice);
         const size_t sb = matvec_q8_scratch_bytes(1, S.K);

@@ -538,6 +538,19 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     else store_block_rows(a, sums);
 }
 
+// An A/B lever's value, or null where it is unset, empty or "auto" (the rule).
+const char* lever(const char* var) {
+    const char* v = std::getenv(var);
+    return v && *v && std::strcmp(v, "auto") ? v : nullptr;
+}
+
+// How many chunks of a row of K values a lane of the block and pipe kernels takes, at most (kLanesPerRow lanes a
+// row in each of the kMatvecWarps warps, chunks dealt round-robin).
+int64_t chunks_a_lane(int64_t K) {
+    const int64_t step = kLanesPerRow * kMatvecWarps;
+    return (K / 64 + step - 1) / step;
+}
+
 // Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
 // ones keep the block kernel unrolled by two: K = 18944 ran 13.7 -> 18.9 us here), every part Q4_K or Q6_K and
 // at least one Q4_K (MINFER_CUDA_MV_PIPE=all: Q6_K alone too).  MINFER_CUDA_MV_PIPE=0 keeps the block kernel
@@ -567,23 +580,22 @@ bool pipe_kernel_for(const MatvecArgs& a) {
 // down), else 1 (the 1.5B's K = 1536 rows: one chunk a lane; runs 97-98: 2 everywhere cost the 7B 512 -> 504).
 // MINFER_CUDA_MV_AHEAD=1|2|whole forces a build, =old the previous rule everywhere (A/B levers, read per call).
 int pipe_ahead(int64_t blocks, int64_t K) {
-    const int64_t chunks = K / 64, step = kLanesPerRow * kMatvecWarps;
-    const char* v = std::getenv("MINFER_CUDA_MV_AHEAD");
+    const int64_t n = chunks_a_lane(K);
+    const char* v = lever("MINFER_CUDA_MV_AHEAD");
     const bool old = v && !std::strcmp(v, "old");
-    if (v && *v && std::strcmp(v, "auto") && !old) {
+    if (v && !old) {
         if (!std::strcmp(v, "1")) return 1;
         if (!std::strcmp(v, "2")) return 2;
         if (!std::strcmp(v, "whole")) {
-            if (chunks > 2 * step)
+            if (n > 2)
                 throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD=whole: rows of %lld values have more than two chunks a lane",
                                          (long long)K));
             return kWholeRow;
         }
         throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole (or old), not '%s'", v));
     }
-    if (!old && chunks > step && chunks <= 2 * step) return kWholeRow;
-    const int sms = sm_count();
-    return chunks > step && blocks <= 4 * int64_t(sms) ? 2 : 1;
+    if (!old && n == 2) return kWholeRow;
+    return n >= 2 && blocks <= 4 * int64_t(sm_count()) ? 2 : 1;
 }
 
 // The pipe kernel's build for a mode of pipe_ahead.
@@ -623,11 +635,9 @@ MatvecKernel warp_kernel_build(const MatvecArgs& a) {
 // lane, would go 78.0 -> 86.8: CUDA_NOTES run 123).  MINFER_CUDA_MV_Q6K=old keeps the rows-of-8192 rule alone
 // (A/B lever, read per call).
 bool q6k_unrolled(const MatvecArgs& a) {
-    const char* v = std::getenv("MINFER_CUDA_MV_Q6K");
-    const bool old = v && !std::strcmp(v, "old");
-    if (v && *v && std::strcmp(v, "auto") && !old)
-        throw MinferError(strfmt("MINFER_CUDA_MV_Q6K must be auto or old, not '%s'", v));
-    return a.K >= 8192 || (!old && a.K / 64 > kLanesPerRow * kMatvecWarps);
+    const char* v = lever("MINFER_CUDA_MV_Q6K");
+    if (v && std::strcmp(v, "old")) throw MinferError(strfmt("MINFER_CUDA_MV_Q6K must be auto or old, not '%s'", v));
+    return a.K >= 8192 || (!v && chunks_a_lane(a.K) >= 2);
 }
 
 BlockKernel block_kernel_build(const MatvecArgs& a) {
@@ -655,7 +665,7 @@ BlockKernel block_kernel_build(const MatvecArgs& a) {
 int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
     int mode = -1;
     *forced = false;
-    if (const char* v = std::getenv("MINFER_CUDA_MV_STAGE"); v && *v && std::strcmp(v, "auto")) {
+    if (const char* v = lever("MINFER_CUDA_MV_STAGE")) {
         *forced = true;
         if (!std::strcmp(v, "off")) mode = kStageOff;
         else if (!std::strcmp(v, "after")) mode = kStageAfterWait;
