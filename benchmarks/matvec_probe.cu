@@ -94,6 +94,20 @@ int main() {
         setenv("MINFER_CUDA_MV_AHEAD", "old", 1);
         timeit("ahead old", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
         unsetenv("MINFER_CUDA_MV_AHEAD");
+        // the block kernel where the rule takes the stream kernel (vocabularies of short rows), and the stream
+        // kernel forced onto every shape it can take (Q4_K: one chunk ahead as well as the rule's two)
+        setenv("MINFER_CUDA_MV_STREAM", "0", 1);
+        timeit("stream 0", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
+        if (S.type == GGML_TYPE_Q4_K || S.type == GGML_TYPE_Q6_K) {
+            setenv("MINFER_CUDA_MV_STREAM", "only", 1);
+            timeit("stream", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
+            if (S.type == GGML_TYPE_Q4_K) {
+                setenv("MINFER_CUDA_MV_STREAM_AHEAD", "1", 1);
+                timeit("stream a1", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
+                unsetenv("MINFER_CUDA_MV_STREAM_AHEAD");
+            }
+        }
+        unsetenv("MINFER_CUDA_MV_STREAM");
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) printf("CUDA error %s\n", cudaGetErrorString(e));
         cudaFree(W); cudaFree(scratch); cudaFree(y); cudaFree(y0);

@@ -198,6 +198,7 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
     t, w = random_weight("q6_k", n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")  # the block kernel's builds (K >= 8192 would take the stream)
     auto = M.cuda_matmul(t, w, x, n, path="q8")[0]
     monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "old")
     assert np.array_equal(auto, M.cuda_matmul(t, w, x, n, path="q8")[0])
@@ -206,6 +207,49 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
     monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "2")
     with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_Q6K must be auto or old"):
         M.cuda_matmul(t, w, x, n, path="q8")
+
+
+@pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
+                                       ("q4_k", 299, 18944), ("q6_k", 36000, 3584), ("q6_k", 13, 1536),
+                                       ("q4_k", 40, 512)])
+def test_stream_matvec(rng, monkeypatch, wtype, n, k):
+    """The stream kernel -- the block kernel's rows and lanes, each lane's chunks loaded ahead of the one it
+    computes and the stream running on across a block's groups of 8 rows -- gives the block kernel's bits.  The
+    rule takes vocabulary-like launches (more groups than 8 waves of blocks: the grid is smaller than the groups,
+    so every block walks several) with one chunk a lane; MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane
+    walks 9-10 chunks), two chunks a lane, short rows and a last group of 3-7 rows, and raises where it cannot run,
+    so each case shows it ran.  Within the float64 bound; bad lever values are errors."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
+    block = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "auto")
+    assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "only")
+    for ahead in ("1", "2") if wtype == "q4_k" else ("auto",):
+        monkeypatch.setenv("MINFER_CUDA_MV_STREAM_AHEAD", ahead)
+        assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block), ahead
+    monkeypatch.delenv("MINFER_CUDA_MV_STREAM_AHEAD")
+    if n * k < 2e7:  # the float64 reference of the largest cases would take a minute of CPU
+        check_against_float64(rng, wtype, n, k, 1, "q8")
+    if wtype == "q4_k":
+        monkeypatch.setenv("MINFER_CUDA_MV_STREAM_AHEAD", "3")
+        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM_AHEAD must be auto, 1 or 2"):
+            M.cuda_matmul(t, w, x, n, path="q8")
+        monkeypatch.delenv("MINFER_CUDA_MV_STREAM_AHEAD")
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "yes")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM must be auto, 0 or only"):
+        M.cuda_matmul(t, w, x, n, path="q8")
+
+
+def test_stream_matvec_only_raises_where_it_cannot_run(q15, monkeypatch):
+    """MINFER_CUDA_MV_STREAM=only on a whole decode step: the fused gate/up (swiglu, two parts) cannot take the
+    stream kernel, and says so instead of running another kernel."""
+    m, _ = q15
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "only")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM=only: this launch is not one part"):
+        M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
 
 
 def test_decode_path_lever(rng, monkeypatch):
@@ -529,6 +573,30 @@ def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch):
     assert "FusedQkvRope" not in [n["op"] for n in s.plan(1).nodes]
     unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     assert np.array_equal(fused, unfused)
+
+
+def test_norm_pdl_lever(q15, rng, monkeypatch):
+    """When decode's add + norm lets the next kernel launch (MINFER_CUDA_NORM_PDL: as it starts, or once its own wait
+    is over; before the q/k/v projection, the FFN or both) changes when kernels start, not what they compute: the
+    same bits, the 8-bit activations included, for the norm and the projection after it; a bad value is an error."""
+    m, s = q15
+    a, b = (rng.standard_normal((2, 1, 1536)) * 3).astype(np.float32)
+    outs = {}
+    for norm, proj in (("ffn_norm", dict(op="FusedFFN", cols=8960, meta=dict(w_gate="blk.1.ffn_gate.weight",
+                                                                             w_up="blk.1.ffn_up.weight"))),
+                       ("attn_norm", dict(op="MatMul", cols=1536, meta=dict(weight="blk.1.attn_q.weight")))):
+        nodes = [dict(op="AddRmsNorm", inputs=[0, 1], rows=1, cols=2 * 1536,
+                      meta=dict(weight=f"blk.1.{norm}.weight", eps=1e-6)),
+                 dict(inputs=[(2, 1536, 1536)], rows=1, **proj)]
+        for v in ("release", "auto", "wait", "wait-attn", "wait-ffn"):
+            monkeypatch.setenv("MINFER_CUDA_NORM_PDL", v)
+            outs[norm, v] = s.run_ops("cuda", [a, b], nodes)
+        for v in ("auto", "wait", "wait-attn", "wait-ffn"):
+            for x, y in zip(outs[norm, "release"], outs[norm, v]):
+                assert np.array_equal(x, y), (norm, v)
+    monkeypatch.setenv("MINFER_CUDA_NORM_PDL", "late")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_NORM_PDL must be 'auto', 'release', 'wait'"):
+        s.run_ops("cuda", [a, b], nodes)
 
 
 @pytest.mark.parametrize("rows,kernel", [(1, ""), (1, "v1"), (3, ""), (7, "")])

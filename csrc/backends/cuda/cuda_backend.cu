@@ -634,7 +634,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
                                   rows, n);
             cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
-                              (const float*)weight(m.weight).p, m.eps, q8, stream_);
+                              (const float*)weight(m.weight).p, m.eps, q8, stream_,
+                              m.weight.find("attn_norm") != std::string::npos);
             if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
             return;
         }

@@ -133,6 +133,53 @@ template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T 
 // 32 taken off by dp4a (kMinus32).
 enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
 
+// Where Q6_K chunk c of a row lies (the device layout, q6k_layout.cuh): sub-blocks j and j + 2 of super-block
+// c / 4 (j = 4 half + kk, kk in {0, 1}) share 32 bytes of ql (low and high nibbles) and 32 of qh (bits 2kk and
+// 2kk + 4), each run 16-byte aligned; sa and sb: the byte offsets in the block of the two scale pairs.
+struct Q6kAt {
+    const uint8_t* b;
+    const uint4 *ql, *qh;
+    int kk, sub, sa, sb;
+};
+
+__device__ __forceinline__ Q6kAt q6k_at(const uint8_t* __restrict__ row, int c) {
+    const int64_t blk = c / 4;
+    const uint8_t* b = row + blk * 210;
+    const int pre = q6k_pre(blk), half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk;
+    return Q6kAt{b, (const uint4*)(b + pre + half * 64 + kk * 32), (const uint4*)(b + pre + 128 + half * 32), kk,
+                 int(blk) * 8 + j, q6k_s(2 * j, pre), q6k_s(2 * j + 4, pre)};
+}
+
+// Half h of a Q6_K chunk (16 bytes of its ql, L, and of its qh, H) dotted with the x of sub-blocks j (xs) and
+// j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else byte-wise
+// (minus32_bytes): the same integers.
+template <bool DP4A_32>
+__device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t* __restrict__ xs, int h, int (&s)[4]) {
+    const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
+    const int4 xa = ((const int4*)xs)[h], xb = ((const int4*)xs)[4 + h];  // sub-blocks j and j + 2
+    const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
+        const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
+        const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
+        if constexpr (DP4A_32) {
+            s[h] = dp4a(kMinus32, xl[i], dp4a(int(lo), xl[i], s[h]));
+            s[2 + h] = dp4a(kMinus32, xh[i], dp4a(int(hi), xh[i], s[2 + h]));
+        } else {
+            s[h] = dp4a(int(minus32_bytes(lo)), xl[i], s[h]);
+            s[2 + h] = dp4a(int(minus32_bytes(hi)), xh[i], s[2 + h]);
+        }
+    }
+}
+
+// The chunk's value from its four integer sums: sa, sb the scale pairs of sub-blocks j and j + 2, d the block's.
+__device__ __forceinline__ float q6k_scale(uint32_t sa, uint32_t sb, float d, int sub, const float2* __restrict__ ds,
+                                           const int (&s)[4]) {
+    return d * (ds[sub].x * (float(int8_t(sa & 0xff)) * float(s[0]) + float(int8_t(sa >> 8)) * float(s[1])) +
+                ds[sub + 2].x * (float(int8_t(sb & 0xff)) * float(s[2]) + float(int8_t(sb >> 8)) * float(s[3])));
+}
+
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
 // Q6 (Q6_K only): how its chunk is read and offset (above).
 template <int T, int Q6 = kQ6Words>
@@ -179,39 +226,16 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         // Q6_K (the device layout, q6k_layout.cuh): chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half
         // + kk, kk in {0, 1}): the low and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4
         // of the same 32 bytes of qh, each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
-        const int64_t blk = c / 4;
-        const uint8_t* b = row + blk * 210;
-        const int pre = q6k_pre(blk), half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk, sub = int(blk) * 8 + j;
-        const uint4* qlp = (const uint4*)(b + pre + half * 64 + kk * 32);
-        const uint4* qhp = (const uint4*)(b + pre + 128 + half * 32);
-        const int4* xp = (const int4*)(xq + sub * 32);
+        const Q6kAt at = q6k_at(row, c);
         int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
         uint4 ql2[2], qh2[2];
-        if constexpr (Q6 != kQ6Words) ql2[0] = qlp[0], ql2[1] = qlp[1], qh2[0] = qhp[0], qh2[1] = qhp[1];
+        if constexpr (Q6 != kQ6Words) ql2[0] = at.ql[0], ql2[1] = at.ql[1], qh2[0] = at.qh[0], qh2[1] = at.qh[1];
 #pragma unroll
-        for (int h = 0; h < 2; h++) {  // 16 bytes of ql and qh at a time
-            const uint4 L = Q6 != kQ6Words ? ql2[h] : qlp[h], H = Q6 != kQ6Words ? qh2[h] : qhp[h];
-            const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
-            const int4 xa = xp[h], xb = xp[4 + h];  // sub-blocks j and j + 2
-            const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
-                const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
-                const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
-                if constexpr (Q6 == kQ6WideDp4a) {
-                    s[h] = dp4a(kMinus32, xl[i], dp4a(int(lo), xl[i], s[h]));
-                    s[2 + h] = dp4a(kMinus32, xh[i], dp4a(int(hi), xh[i], s[2 + h]));
-                } else {
-                    s[h] = dp4a(int(minus32_bytes(lo)), xl[i], s[h]);
-                    s[2 + h] = dp4a(int(minus32_bytes(hi)), xh[i], s[2 + h]);
-                }
-            }
-        }
-        const uint32_t sa = *(const uint16_t*)(b + q6k_s(2 * j, pre)), sb = *(const uint16_t*)(b + q6k_s(2 * j + 4, pre));
-        return f16_at(b + 208) *
-               (ds[sub].x * (float(int8_t(sa & 0xff)) * float(s[0]) + float(int8_t(sa >> 8)) * float(s[1])) +
-                ds[sub + 2].x * (float(int8_t(sb & 0xff)) * float(s[2]) + float(int8_t(sb >> 8)) * float(s[3])));
+        for (int h = 0; h < 2; h++)  // 16 bytes of ql and qh at a time
+            q6k_half<Q6 == kQ6WideDp4a>(Q6 != kQ6Words ? ql2[h] : at.ql[h], Q6 != kQ6Words ? qh2[h] : at.qh[h], at.kk,
+                                        xq + at.sub * 32, h, s);
+        return q6k_scale(*(const uint16_t*)(at.b + at.sa), *(const uint16_t*)(at.b + at.sb), f16_at(at.b + 208),
+                         at.sub, ds, s);
     }
 }
 
@@ -353,16 +377,17 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
 // Row i of a block's 8 weight rows (with swiglu, gate/up pair i % 4 of its 4): what the block kernel and the pipe
 // kernel share, with the end both take -- each row's partial sums of the 8 warps (sums[warp][row], written and
 // synchronized by the caller) added in warp order by thread t < the block's rows, and stored.
-__device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i) {
+// g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).
+__device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i, int64_t g = blockIdx.x) {
     constexpr int half = kBlockRows / 2;
-    return a.swiglu ? warp_row(a, int64_t(blockIdx.x) * half + i % half)
-                    : warp_row(a, int64_t(blockIdx.x) * kBlockRows + i);
+    return a.swiglu ? warp_row(a, g * half + i % half) : warp_row(a, g * kBlockRows + i);
 }
 
-__device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows]) {
+__device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows],
+                                                 int64_t g = blockIdx.x) {
     const int t = threadIdx.x;
     if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
-    const WarpRow out = block_row(a, t);
+    const WarpRow out = block_row(a, t, g);
     if (!out.live) return;
     float s = 0.0f, s2 = 0.0f;  // the row's sum over the warps (with swiglu s2: its up row's)
 #pragma unroll
@@ -538,6 +563,112 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     else store_block_rows(a, sums);
 }
 
+// The stream kernel's chunks.  A lane's chunks of a row are c0, c0 + 32, c0 + 64, ... (32 chunks: 8 super-blocks),
+// so where a chunk lies inside its super-block -- which 32 bytes of quants, which scales, and for Q6_K the
+// rotation of the aligned layout (q6k_pre: the super-block's index mod 8) -- is the same for all of them: a Lane
+// holds it, and the loads walk a pointer by 8 super-blocks a chunk.  The arithmetic is chunk_dot's (q4k_dot; the
+// Q6_K branch with kQ6WideDp4a): the same bits.
+template <int T> struct Stream;
+
+template <> struct Stream<GGML_TYPE_Q4_K> {
+    static constexpr int kBytes = 144;
+    using Chunk = Q4kChunk;
+    struct Lane { int q; };
+    static __device__ __forceinline__ Lane lane(int c0) { return Lane{16 + 32 * (c0 % 4)}; }
+    static __device__ __forceinline__ Chunk load(const uint8_t* __restrict__ b, const Lane& L) {
+        const uint4* q = (const uint4*)(b + L.q);
+        return Chunk{*(const uint4*)b, q[0], q[1]};
+    }
+    static __device__ __forceinline__ float dot(const Chunk& w, int c, const Lane&, const XQ& x) {
+        return q4k_dot(w, c, x.q, x.ds);
+    }
+};
+
+template <> struct Stream<GGML_TYPE_Q6_K> {
+    static constexpr int kBytes = 210;
+    struct Chunk {
+        uint4 ql[2], qh[2];
+        uint32_t sa, sb, d;
+    };
+    struct Lane { int ql, qh, sa, sb, kk, j; };  // byte offsets in the super-block; kk, j as in q6k_at
+    static __device__ __forceinline__ Lane lane(int c0) {
+        const int pre = q6k_pre(c0 / 4), half = (c0 % 4) / 2, kk = c0 % 2, j = 4 * half + kk;
+        return Lane{pre + half * 64 + kk * 32, pre + 128 + half * 32, q6k_s(2 * j, pre), q6k_s(2 * j + 4, pre), kk, j};
+    }
+    static __device__ __forceinline__ Chunk load(const uint8_t* __restrict__ b, const Lane& L) {
+        const uint4 *ql = (const uint4*)(b + L.ql), *qh = (const uint4*)(b + L.qh);
+        return Chunk{{ql[0], ql[1]}, {qh[0], qh[1]}, *(const uint16_t*)(b + L.sa), *(const uint16_t*)(b + L.sb),
+                     *(const uint16_t*)(b + 208)};
+    }
+    static __device__ __forceinline__ float dot(const Chunk& w, int c, const Lane& L, const XQ& x) {
+        const int sub = (c / 4) * 8 + L.j;
+        int s[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int h = 0; h < 2; h++) q6k_half<true>(w.ql[h], w.qh[h], L.kk, x.q + sub * 32, h, s);
+        return q6k_scale(w.sa, w.sb, h2f(w.d), sub, x.ds, s);
+    }
+};
+
+// The block kernel's layout (8 rows a block, four lanes a row in each warp, chunks dealt round-robin, x read
+// through L1) with a lane's chunks loaded as a stream, AHEAD chunks ahead of the one it computes, so that its
+// loads are in flight while it computes.  The block walks groups of 8 rows g = blockIdx.x, + gridDim.x, ..., and
+// the stream runs on across them: with a grid sized to the GPU, a vocabulary's ~19000 groups are one wave of
+// blocks that keep their next group's chunks in flight, where the block kernel runs ~36 waves of blocks that each
+// start with a round trip.  The first AHEAD chunks are asked for before the PDL wait (weights: no kernel's output).
+// Each lane adds the same chunks in the same order as the block kernel, and the lanes and warps are summed in its
+// order: the same bits.  One part, Q4_K or Q6_K, one activation row, no swiglu; where the rule gives it launches,
+// and why only those: stream_ahead.
+template <int T, int AHEAD>
+__global__ void __launch_bounds__(32 * kMatvecWarps, 4) matvec_q8_stream_kernel(MatvecArgs a, XQ x) {
+    using S = Stream<T>;
+    using Chunk = typename S::Chunk;
+    constexpr int step = kLanesPerRow * kMatvecWarps;
+    static_assert(step % 32 == 0, "a lane's chunks must keep their place in the super-block (Stream)");
+    __shared__ float sums[kMatvecWarps][kBlockRows];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
+    const MatvecPart& A = a.part[0];
+    const int chunks = int(x.K / 64), c0 = k + kLanesPerRow * warp;
+    const typename S::Lane L = S::lane(c0);
+    const int64_t groups = (A.n_out + kBlockRows - 1) / kBlockRows;
+    // the load cursor, AHEAD chunks before the compute: chunk lc of this lane's row in group lg, whose super-block
+    // is at lb (null past the last row)
+    int64_t lg = blockIdx.x;
+    int lc = c0;
+    auto first_block = [&](int64_t g) -> const uint8_t* {
+        const int64_t o = g * kBlockRows + r;
+        return g < groups && o < A.n_out ? A.W + o * A.rb + (c0 / 4) * S::kBytes : nullptr;
+    };
+    const uint8_t* lb = first_block(lg);
+    auto fetch = [&](Chunk& dst) {
+        if (lb && lc < chunks) dst = S::load(lb, L);
+        lc += step;
+        if (lb) lb += (step / 4) * S::kBytes;  // (null stays null: past the last row)
+        if (lc >= chunks) lc = c0, lg += gridDim.x, lb = first_block(lg);
+    };
+    Chunk cur, nx1;  // a chunk is computed only where it was loaded (the two walks take the same steps)
+    fetch(cur);
+    if constexpr (AHEAD == 2) fetch(nx1);
+    pdl_start();
+    for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {  // uniform over the block
+        const bool live = g * kBlockRows + r < A.n_out;
+        float acc = 0.0f;
+        for (int c = c0; c < chunks; c += step) {
+            Chunk nn;
+            if constexpr (AHEAD == 2) nn = Chunk{};  // (left undefined, the two-ahead build spills 40 bytes)
+            fetch(nn);
+            if (live) acc += S::dot(cur, c, L, x);
+            if constexpr (AHEAD == 2) cur = nx1, nx1 = nn;
+            else cur = nn;
+        }
+#pragma unroll
+        for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (k == 0) sums[warp][r] = acc;
+        __syncthreads();
+        store_block_rows(a, sums, g);
+        __syncthreads();  // sums is rewritten by the next group
+    }
+}
+
 // An A/B lever's value, or null where it is unset, empty or "auto" (the rule).
 const char* lever(const char* var) {
     const char* v = std::getenv(var);
@@ -682,6 +813,60 @@ int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
     return mode != kStageOff && *bytes <= 48 * 1024 ? mode : kStageOff;
 }
 
+// Whether matvec_q8_stream_kernel takes a launch the block kernel would, and how far ahead it loads (0: it does
+// not).  It can take one part of Q4_K or Q6_K rows (no swiglu, one activation row); the rule gives it the launches
+// of many rows (more groups of 8 than 8 waves of blocks: the vocabularies) so short that a lane has one chunk of
+// each (K <= 2048): there the block kernel's blocks each make one round trip for 52 bytes a lane, where the
+// stream keeps the next row's chunk in flight (the 1.5B's vocabulary from DRAM 78 -> 67 us, CUDA_NOTES run 125).
+// Where lanes have two chunks or more the block kernel unrolled by two was faster (the 7B's vocabulary 127 -> 134
+// us, its downs: Q6_K 19.0 -> 20.5, Q4_K 13.9 -> 14.0-14.6): it has two chunks in flight, the stream one (two
+// would spill at the 64-register cap of four blocks an SM).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in
+// registers), 1 for Q6_K (76).  MINFER_CUDA_MV_STREAM=0 keeps the block kernel, =only takes every launch the
+// stream kernel can and raises on one it cannot (A/B and test levers, read per call); MINFER_CUDA_MV_STREAM_AHEAD=
+// 1|2 forces Q4_K's distance.
+int stream_ahead(const MatvecArgs& a, int64_t groups) {
+    const uint32_t t = a.part[0].type;
+    const bool can = a.n_rows == 1 && !a.swiglu && a.n_parts == 1 && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K);
+    bool take = can && groups > 8 * 4 * int64_t(sm_count()) && chunks_a_lane(a.K) == 1;
+    if (const char* v = lever("MINFER_CUDA_MV_STREAM")) {
+        if (!std::strcmp(v, "0")) take = false;
+        else if (!std::strcmp(v, "only")) {
+            if (!can)
+                throw MinferError("MINFER_CUDA_MV_STREAM=only: this launch is not one part of Q4_K or Q6_K rows "
+                                  "times one activation row");
+            take = true;
+        } else
+            throw MinferError(strfmt("MINFER_CUDA_MV_STREAM must be auto, 0 or only, not '%s'", v));
+    }
+    if (!take) return 0;
+    if (t == GGML_TYPE_Q6_K) return 1;
+    if (const char* v = lever("MINFER_CUDA_MV_STREAM_AHEAD")) {
+        if (!std::strcmp(v, "1")) return 1;
+        if (!std::strcmp(v, "2")) return 2;
+        throw MinferError(strfmt("MINFER_CUDA_MV_STREAM_AHEAD must be auto, 1 or 2, not '%s'", v));
+    }
+    return 2;
+}
+
+// The stream kernel's build and its grid: one wave of blocks (as many as fit an SM, times the SMs), or one block
+// a group where there are fewer groups.
+void launch_stream(const MatvecArgs& a, const XQ& x, int ahead, int64_t groups, cudaStream_t s) {
+    using Kernel = void (*)(MatvecArgs, XQ);
+    const bool q6 = a.part[0].type == GGML_TYPE_Q6_K;
+    const Kernel k = q6           ? matvec_q8_stream_kernel<GGML_TYPE_Q6_K, 1>
+                     : ahead == 2 ? matvec_q8_stream_kernel<GGML_TYPE_Q4_K, 2>
+                                  : matvec_q8_stream_kernel<GGML_TYPE_Q4_K, 1>;
+    static int per_sm[2][3] = {};  // [q6][ahead]: blocks an SM holds, asked once
+    int& n = per_sm[q6][ahead];
+    if (!n) {
+        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, 32 * kMatvecWarps, 0);
+        if (e != cudaSuccess || n < 1)
+            throw MinferError(strfmt("CUDA matvec_q8: no occupancy for the stream kernel (%s)", cudaGetErrorString(e)));
+    }
+    const int64_t grid = std::min<int64_t>(groups, int64_t(n) * sm_count());
+    launch("matvec_q8_stream", k, dim3(unsigned(grid)), dim3(32 * kMatvecWarps), 0, s, a, x);
+}
+
 // Which kernel takes one activation row: the block kernel for K-quant rows of K >= 1024, the warp-per-row
 // one otherwise.  Measured on the H200 (CUDA_NOTES runs 41-44): on the 0.5B layout's K = 896 rows the block's
 // idle lane slots and block-wide reduction cost more than the shared x saves, and the 7B Q8_0 layout ran
@@ -771,7 +956,9 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         bool forced = false;
         const int stage = block_stage(a, &smem, &forced);
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
-        if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
+        if (const int ahead = forced && stage != kStageOff ? 0 : stream_ahead(a, grid.x))
+            launch_stream(a, xq, ahead, grid.x, s);
+        else if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
             launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps),
                    size_t(a.K + a.K / 4), s, a, xq);
         else

@@ -83,13 +83,16 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 // it is decode's plain RmsNorm (the first layer's): y[:, :cols] = RmsNorm(a), no sum window.
 constexpr int kNormF4 = 4;  // float4s per thread: 4 * 256 * 4 = 4096 values
 
+// WAIT_FIRST: the kernel waits for the one before it before it lets the next one launch (MINFER_CUDA_NORM_PDL).
+template <bool WAIT_FIRST>
 __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                                              float* y, int64_t ldy, int cols,
                                                              const float* __restrict__ w, float eps, Q8Act q8) {
     const int row = blockIdx.y, n4 = cols / 4, f = blockIdx.x * 256 + threadIdx.x;
     const bool mine = f < n4;
     const float4 wv = mine ? ((const float4*)w)[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no kernel's output
-    pdl_start();
+    if constexpr (WAIT_FIRST) pdl_wait_then_release();
+    else pdl_start();
     __shared__ float scratch[32];
     const float4* ar = (const float4*)(a + int64_t(row) * lda);
     const float4* br = (const float4*)(b + int64_t(row) * ldb);
@@ -232,6 +235,29 @@ namespace {
 
 bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; }
 
+// When decode's add + norm lets the next kernel -- a projection whose blocks ask for their weights before their
+// own wait -- launch: as it starts (release), or once its own wait is over (wait).  The rule waits before the q/k/v
+// projection of rows of 2048 < K <= 4096, the pipe kernel's whole-row build (pipe_ahead), whose 576 blocks (7B) ask
+// for all 9.5 MB of their weights at once as the down's blocks leave, and so delay the norm's reads of the down's
+// output that the whole layer waits for; everywhere else the norm releases first.  Measured (CUDA_NOTES run 126,
+// chained decode at 512 / 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV; the 1.5B (K = 1536: one
+// chunk a lane, loaded ahead) lost 2-4 % waiting anywhere, and waiting before the FFN lost for both.
+// MINFER_CUDA_NORM_PDL=release|wait|wait-attn|wait-ffn forces it everywhere, before the q/k/v projections only, or
+// before the others only (A/B lever, read per call).
+void (*add_norm_kernel(bool before_attention, int cols))(const float*, int64_t, const float*, int64_t, float*, int64_t,
+                                                          int, const float*, float, Q8Act) {
+    const char* v = std::getenv("MINFER_CUDA_NORM_PDL");
+    bool wait = before_attention && cols > 2048 && cols <= 4096;
+    if (v && *v && std::strcmp(v, "auto")) {
+        const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn"), ffn = !std::strcmp(v, "wait-ffn");
+        if (!all && !attn && !ffn && std::strcmp(v, "release"))
+            throw MinferError(strfmt(
+                "MINFER_CUDA_NORM_PDL must be 'auto', 'release', 'wait', 'wait-attn' or 'wait-ffn', not '%s'", v));
+        wait = all || (attn && before_attention) || (ffn && !before_attention);
+    }
+    return wait ? add_rmsnorm_f4_kernel<true> : add_rmsnorm_f4_kernel<false>;
+}
+
 bool norm_v1() {  // MINFER_CUDA_NORM=v1: decode's norms through the scalar kernels (A/B lever)
     const char* lever = std::getenv("MINFER_CUDA_NORM");
     return lever && std::strcmp(lever, "v1") == 0;
@@ -247,7 +273,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     // It runs out of place only (its blocks read the whole row before any writes its part).
     if (width == cols && rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(x, ldx) &&
         aligned16(y, ldy) && aligned16(w, 0) && x != y && !norm_v1()) {
-        launch("rmsnorm", add_rmsnorm_f4_kernel, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0,
+        launch("rmsnorm", add_rmsnorm_f4_kernel<false>, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0,
                s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
         return q8.q != nullptr;
     }
@@ -258,13 +284,13 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s) {
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
     if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
         aligned16(y, ldy) && aligned16(w, 0) && !norm_v1()) {
-        launch("add_rmsnorm", add_rmsnorm_f4_kernel, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
+        launch("add_rmsnorm", add_norm_kernel(before_attention, cols), dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
                0, s, a, lda, b, ldb, y, ldy, cols, w, eps, q8);
         return;
     }
