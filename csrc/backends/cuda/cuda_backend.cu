@@ -633,9 +633,16 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             if (decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
                 q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
                                   rows, n);
+            // the norm before a layer's q/k/v projection (an attn_norm), and whether its q rows are Q4_K (the pipe
+            // kernel's: MINFER_CUDA_NORM_PDL's rule)
+            const size_t site = m.weight.find("attn_norm.weight");
+            bool q4k = false;
+            if (site != std::string::npos) {
+                auto wq = weights_.find(m.weight.substr(0, site) + "attn_q.weight");
+                q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
+            }
             cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
-                              (const float*)weight(m.weight).p, m.eps, q8, stream_,
-                              m.weight.find("attn_norm") != std::string::npos);
+                              (const float*)weight(m.weight).p, m.eps, q8, stream_, site != std::string::npos, q4k);
             if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
             return;
         }

@@ -90,9 +90,10 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
              const float* w, float eps, Q8Act q8, cudaStream_t s);
 // y[:, :cols] = a + b, y[:, cols:] = RmsNorm(a + b) (the residual add fused with the next norm).
 // With q8.q set, the norm is also written as decode's 8-bit activations (matvec_q8).  before_attention: the
-// norm feeds the q/k/v projection (an attn_norm; else the FFN's or the output's) -- MINFER_CUDA_NORM_PDL's sites.
+// norm feeds the q/k/v projection (an attn_norm; else the FFN's or the output's), q4k: whose q rows are Q4_K --
+// MINFER_CUDA_NORM_PDL's sites and rule.
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false);
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false, bool q4k = false);
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
           int head_dim, int rope_dim, float base, bool neox, cudaStream_t s);
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,

@@ -236,18 +236,20 @@ namespace {
 bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; }
 
 // When decode's add + norm lets the next kernel -- a projection whose blocks ask for their weights before their
-// own wait -- launch: as it starts (release), or once its own wait is over (wait).  The rule waits before the q/k/v
-// projection of rows of 2048 < K <= 4096, the pipe kernel's whole-row build (pipe_ahead), whose 576 blocks (7B) ask
-// for all 9.5 MB of their weights at once as the down's blocks leave, and so delay the norm's reads of the down's
-// output that the whole layer waits for; everywhere else the norm releases first.  Measured (CUDA_NOTES run 126,
+// own wait -- launch: as it starts (release), or once its own wait is over (wait).  The rule waits before a q/k/v
+// projection of Q4_K rows of 2048 < K <= 4096, the pipe kernel's whole-row build (pipe_ahead), whose 576 blocks
+// (7B) ask for all 9.5 MB of their weights at once -- in the down's free block slots while the down runs, then as
+// its blocks leave -- and so slow the down and the norm's reads of its output that the whole layer waits for;
+// everywhere else the norm releases first (the 7B Q8_0 layout's q/k/v projection, the warp kernel, asks for
+// nothing before its wait: not measured either way).  Measured (CUDA_NOTES run 126,
 // chained decode at 512 / 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV; the 1.5B (K = 1536: one
 // chunk a lane, loaded ahead) lost 2-4 % waiting anywhere, and waiting before the FFN lost for both.
 // MINFER_CUDA_NORM_PDL=release|wait|wait-attn|wait-ffn forces it everywhere, before the q/k/v projections only, or
 // before the others only (A/B lever, read per call).
-void (*add_norm_kernel(bool before_attention, int cols))(const float*, int64_t, const float*, int64_t, float*, int64_t,
-                                                          int, const float*, float, Q8Act) {
+void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*, int64_t, const float*, int64_t, float*,
+                                                                    int64_t, int, const float*, float, Q8Act) {
     const char* v = std::getenv("MINFER_CUDA_NORM_PDL");
-    bool wait = before_attention && cols > 2048 && cols <= 4096;
+    bool wait = before_attention && q4k && cols > 2048 && cols <= 4096;
     if (v && *v && std::strcmp(v, "auto")) {
         const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn"), ffn = !std::strcmp(v, "wait-ffn");
         if (!all && !attn && !ffn && std::strcmp(v, "release"))
@@ -284,13 +286,13 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention) {
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
     if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
         aligned16(y, ldy) && aligned16(w, 0) && !norm_v1()) {
-        launch("add_rmsnorm", add_norm_kernel(before_attention, cols), dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
+        launch("add_rmsnorm", add_norm_kernel(before_attention, q4k, cols), dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
                0, s, a, lda, b, ldb, y, ldy, cols, w, eps, q8);
         return;
     }
