@@ -709,7 +709,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (const int ahead = forced && stage != kStageOff ? 0 : stream_ahead(a, grid.x))
             launch_stream(a, xq, ahead, grid.x, s);
-        else if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, it takes the place of staging
+        else if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, in place of staging
             launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps),
                    size_t(a.K + a.K / 4), s, a, xq);
         else

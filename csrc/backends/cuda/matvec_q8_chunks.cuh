@@ -130,7 +130,8 @@ __device__ __forceinline__ Q6kAt q6k_at(const uint8_t* __restrict__ row, int c) 
 // j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else byte-wise
 // (minus32_bytes): the same integers.
 template <bool DP4A_32>
-__device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t* __restrict__ xs, int h, int (&s)[4]) {
+__device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t* __restrict__ xs, int h,
+                                         int (&s)[4]) {
     const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
     const int4 xa = ((const int4*)xs)[h], xb = ((const int4*)xs)[4 + h];  // sub-blocks j and j + 2
     const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};

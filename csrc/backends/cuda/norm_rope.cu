@@ -241,9 +241,9 @@ bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld
 // (7B) ask for all 9.5 MB of their weights at once -- in the down's free block slots while the down runs, then as
 // its blocks leave -- and so slow the down and the norm's reads of its output that the whole layer waits for;
 // everywhere else the norm releases first (the 7B Q8_0 layout's q/k/v projection, the warp kernel, asks for
-// nothing before its wait: not measured either way).  Measured (CUDA_NOTES run 126,
-// chained decode at 512 / 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV; the 1.5B (K = 1536: one
-// chunk a lane, loaded ahead) lost 2-4 % waiting anywhere, and waiting before the FFN lost for both.
+// nothing before its wait: not measured either way).  Measured (CUDA_NOTES runs 128-133, chained decode at 512 /
+// 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV, its downs 0.7 us a layer faster; the 1.5B (K =
+// 1536: one chunk a lane, loaded ahead) lost 2-4 % waiting anywhere, and waiting before the FFN lost for both.
 // MINFER_CUDA_NORM_PDL=release|wait|wait-attn|wait-ffn forces it everywhere, before the q/k/v projections only, or
 // before the others only (A/B lever, read per call).
 void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*, int64_t, const float*, int64_t, float*,
@@ -251,7 +251,8 @@ void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*,
     const char* v = std::getenv("MINFER_CUDA_NORM_PDL");
     bool wait = before_attention && q4k && cols > 2048 && cols <= 4096;
     if (v && *v && std::strcmp(v, "auto")) {
-        const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn"), ffn = !std::strcmp(v, "wait-ffn");
+        const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn");
+        const bool ffn = !std::strcmp(v, "wait-ffn");
         if (!all && !attn && !ffn && std::strcmp(v, "release"))
             throw MinferError(strfmt(
                 "MINFER_CUDA_NORM_PDL must be 'auto', 'release', 'wait', 'wait-attn' or 'wait-ffn', not '%s'", v));
@@ -275,8 +276,8 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     // It runs out of place only (its blocks read the whole row before any writes its part).
     if (width == cols && rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(x, ldx) &&
         aligned16(y, ldy) && aligned16(w, 0) && x != y && !norm_v1()) {
-        launch("rmsnorm", add_rmsnorm_f4_kernel<false>, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0,
-               s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
+        launch("rmsnorm", add_rmsnorm_f4_kernel<false>, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)),
+               dim3(256), 0, s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
         return q8.q != nullptr;
     }
     const int threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
@@ -286,14 +287,16 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k) {
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention,
+                 bool q4k) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
     if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
         aligned16(y, ldy) && aligned16(w, 0) && !norm_v1()) {
-        launch("add_rmsnorm", add_norm_kernel(before_attention, q4k, cols), dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256),
-               0, s, a, lda, b, ldb, y, ldy, cols, w, eps, q8);
+        launch("add_rmsnorm", add_norm_kernel(before_attention, q4k, cols),
+               dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0, s, a, lda, b, ldb, y, ldy, cols, w,
+               eps, q8);
         return;
     }
     // threads: enough that kAddNormPer values each cover the row
