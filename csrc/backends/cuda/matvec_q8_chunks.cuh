@@ -243,7 +243,10 @@ template <> struct Stream<GGML_TYPE_Q6_K> {
         uint4 ql[2], qh[2];
         uint32_t sa, sb, d;
     };
-    struct Lane { int ql, qh, sa, sb, kk, j; };  // byte offsets in the super-block; kk, j as in q6k_at
+    // byte offsets in the super-block; kk, j as in q6k_at, whose arithmetic this repeats: computing q6k_at from
+    // a shared helper changed the SASS of 12 of the 25 matvec kernels (the 7B's Q6_K builds among them), which
+    // could not be re-timed, so the two stay apart -- change both together
+    struct Lane { int ql, qh, sa, sb, kk, j; };
     static __device__ __forceinline__ Lane lane(int c0) {
         const int pre = q6k_pre(c0 / 4), half = (c0 % 4) / 2, kk = c0 % 2, j = 4 * half + kk;
         return Lane{pre + half * 64 + kk * 32, pre + 128 + half * 32, q6k_s(2 * j, pre), q6k_s(2 * j + 4, pre), kk, j};
