@@ -142,7 +142,7 @@ __device__ __forceinline__ float q6k_lane_chunks_sums(const uint8_t* __restrict_
     if constexpr (U == 2)
         for (; c + step < chunks; c += 2 * step, b += 2 * stride) {
             const S::Chunk w0 = S::load(b, L), w1 = S::load(b + stride, L);
-            __syncwarp();  // both chunks asked for before either is used (a scheduling barrier: see above)
+            __syncwarp(__activemask());  // both chunks asked for before either is used: see above
             acc += S::dot_sums(w0, c, L, x);
             acc += S::dot_sums(w1, c + step, L, x);
         }
@@ -158,7 +158,7 @@ __device__ __forceinline__ float q4k_lane_chunks_paired(const uint8_t* __restric
     float acc = 0.0f;
     for (; c + step < chunks; c += 2 * step) {
         const Q4kChunk w0 = q4k_load(row, c), w1 = q4k_load(row, c + step);
-        __syncwarp();  // both chunks asked for before either is used
+        __syncwarp(__activemask());  // both chunks asked for before either is used (the lanes of live rows)
         acc += q4k_dot(w0, c, x.q, x.ds);
         acc += q4k_dot(w1, c + step, x.q, x.ds);
     }
