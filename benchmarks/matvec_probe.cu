@@ -3,9 +3,7 @@
 // matrix to overflow the 50 MB L2 (bench_cuda.py --kernels repeats one matrix, which the L2 holds for the
 // smaller shapes).  "warp" forces the warp-per-row kernel (MINFER_CUDA_MV=warp), "block" the rule among the
 // block and pipe kernels (MINFER_CUDA_MV=block), "ahead old" the same with the pipe kernel's rule before its
-// whole-row build (MINFER_CUDA_MV_AHEAD=old), "xsums 0" / "xsums 3" the Q6_K builds without x sums / at 3 blocks
-// an SM (MINFER_CUDA_MV_Q6K_XSUMS), "paired 0" Q4_K's long rows without paired loads (MINFER_CUDA_MV_Q4K_PAIRED);
-// "max diff" is the distance from the warp kernel's result (sums in
+// whole-row build (MINFER_CUDA_MV_AHEAD=old); "max diff" is the distance from the warp kernel's result (sums in
 // another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
 // PROBE_SHAPES=<substring> runs only the shapes whose names contain it.  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
@@ -56,12 +54,7 @@ int main() {
         std::vector<uint8_t> hs(sb);
         Q8Act hx = q8_act(hs.data(), 1, S.K);
         for (int64_t i = 0; i < S.K; i++) hx.q[i] = int8_t(rng() % 255 - 127);
-        for (int64_t i = 0; i < S.K / 32; i++) {
-            hx.ds[i] = make_float2(0.01f + (rng() % 100) * 1e-4f, 0.3f);
-            int h0 = 0, h1 = 0;  // the quantizer's halves' sums, as Q6_K's kQ6WideSums reads them
-            for (int v = 0; v < 16; v++) h0 += hx.q[32 * i + v], h1 += hx.q[32 * i + 16 + v];
-            hx.m16[i] = make_int2(-32 * h0, -32 * h1);
-        }
+        for (int64_t i = 0; i < S.K / 32; i++) hx.ds[i] = make_float2(0.01f + (rng() % 100) * 1e-4f, 0.3f);
         void* scratch; cudaMalloc(&scratch, sb);
         cudaMemcpy(scratch, hs.data(), sb, cudaMemcpyHostToDevice);
         float *y, *y0; cudaMalloc(&y, S.N * 4); cudaMalloc(&y0, S.N * 4);
@@ -115,21 +108,6 @@ int main() {
             }
         }
         unsetenv("MINFER_CUDA_MV_STREAM");
-        if (S.type == GGML_TYPE_Q4_K && S.K >= 8192) {  // the unrolled Q4_K build's loop before the paired loads
-            setenv("MINFER_CUDA_MV_Q4K_PAIRED", "0", 1);
-            timeit("paired 0", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-            unsetenv("MINFER_CUDA_MV_Q4K_PAIRED");
-        }
-        if (S.type == GGML_TYPE_Q6_K) {  // the block kernel's Q6_K builds without the x sums, and at 3 blocks an SM
-            setenv("MINFER_CUDA_MV_STREAM", "0", 1);
-            for (const char* v : {"0", "3"}) {
-                setenv("MINFER_CUDA_MV_Q6K_XSUMS", v, 1);
-                timeit(*v == '0' ? "xsums 0" : "xsums 3",
-                       [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-            }
-            unsetenv("MINFER_CUDA_MV_Q6K_XSUMS");
-            unsetenv("MINFER_CUDA_MV_STREAM");
-        }
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) printf("CUDA error %s\n", cudaGetErrorString(e));
         cudaFree(W); cudaFree(scratch); cudaFree(y); cudaFree(y0);

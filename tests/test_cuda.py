@@ -209,54 +209,6 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
         M.cuda_matmul(t, w, x, n, path="q8")
 
 
-@pytest.mark.parametrize("n,k", [(300, 8960), (37, 18944)])
-def test_q4k_block_paired(rng, monkeypatch, n, k):
-    """The block kernel's unrolled Q4_K build (rows of 8192 and more) with both chunks of a step asked for before
-    either is computed adds the same chunks in the same order: the same bits as MINFER_CUDA_MV_Q4K_PAIRED=0 (a
-    lane of the 18944-long rows has 9 or 10 chunks: an odd last one too); a bad value is an error."""
-    t, w = random_weight("q4_k", n, k, rng)
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
-    monkeypatch.setenv("MINFER_CUDA_MV_PIPE", "0")
-    paired = M.cuda_matmul(t, w, x, n, path="q8")[0]
-    monkeypatch.setenv("MINFER_CUDA_MV_Q4K_PAIRED", "0")
-    assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], paired)
-    monkeypatch.setenv("MINFER_CUDA_MV_Q4K_PAIRED", "2")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_Q4K_PAIRED must be 0 or 1"):
-        M.cuda_matmul(t, w, x, n, path="q8")
-    monkeypatch.delenv("MINFER_CUDA_MV_Q4K_PAIRED")
-    check_against_float64(rng, "q4_k", n, k, 1, "q8")
-
-
-@pytest.mark.parametrize("n,k", [(300, 3584), (1000, 8960), (77, 1536), (64, 18944)])
-def test_q6k_block_xsums(rng, monkeypatch, n, k):
-    """The block kernel's Q6_K builds (unrolled and rolled) with each sum started at -32 sum(x) over its 16
-    values -- the quantizer's halves' sums (XQ::m16) -- instead of the 32 taken off in the loop: the same
-    integers, so the same bits as MINFER_CUDA_MV_Q6K_XSUMS=0 (and =3: the unrolled build at 3 blocks an SM), for
-    both builds (K < 8192 rolled with
-    MINFER_CUDA_MV_Q6K=old), and within the float64 bound; a bad value is an error."""
-    t, w = random_weight("q6_k", n, k, rng)
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
-    for build in ("auto", "old"):
-        if build == "old":
-            monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "old")
-        res = {}
-        for v in ("0", "1", "3"):
-            monkeypatch.setenv("MINFER_CUDA_MV_Q6K_XSUMS", v)
-            res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
-        assert np.array_equal(res["0"], res["1"]) and np.array_equal(res["0"], res["3"]), build
-        monkeypatch.delenv("MINFER_CUDA_MV_Q6K_XSUMS")
-        assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], res["1"]), build
-    monkeypatch.delenv("MINFER_CUDA_MV_Q6K")
-    check_against_float64(rng, "q6_k", n, k, 1, "q8")
-    monkeypatch.setenv("MINFER_CUDA_MV_Q6K_XSUMS", "yes")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_Q6K_XSUMS must be 0, 1 or 3"):
-        M.cuda_matmul(t, w, x, n, path="q8")
-
-
 @pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
                                        ("q4_k", 299, 18944), ("q6_k", 36000, 3584), ("q6_k", 13, 1536),
                                        ("q4_k", 40, 512)])

@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
             const float v = L > 0.0f ? o / L : 0.0f;
             o_final[d] = v;
             const int64_t col = int64_t(h) * HD + d;
-            if (q8.q) quantize_lane(v, q8, 0, 0, col);
+            if (q8.q) quantize_lane(v, q8.q + col, q8.ds + col / 32);
         }
     }
 }
@@ -482,7 +482,7 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
         const float o = L > 0.0f ? acc / L : 0.0f;
         const int64_t col = int64_t(h) * hd + d, K = int64_t(a.n_head) * hd;
         out[int64_t(r) * ldo + col] = o;
-        if (q8.q) quantize_lane(o, q8, r, K, col);
+        if (q8.q) quantize_lane(o, q8.q + r * K + col, q8.ds + r * (K / 32) + col / 32);
     }
 }
 

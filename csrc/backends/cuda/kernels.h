@@ -60,10 +60,9 @@ void matvec(const MatvecArgs& a, cudaStream_t s);
 // The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes; laid
 // out as q8_act), then integer dot products; `quantized`: the scratch already holds x (add_rmsnorm wrote
 // it).  For Q4_0, Q5_0, Q8_0, Q4_K and Q6_K weights with K % 64 == 0 (every part).
-struct Q8Act {             // rows of K activations in blocks of 32: q [rows][K], ds [rows][K / 32] = (d, d sum(q)),
-    int8_t* q = nullptr;   // m16 [rows][K / 32] = -32 times the sums of q over each block's two halves (Q6_K's
-    float2* ds = nullptr;  // offset, one int scale per 16 values: matvec_q8_chunks.cuh, kQ6WideSums)
-    int2* m16 = nullptr;
+struct Q8Act {             // rows of K activations in blocks of 32: q [rows][K], ds [rows][K / 32] = (d, d sum(q))
+    int8_t* q = nullptr;
+    float2* ds = nullptr;
 };
 Q8Act q8_act(void* scratch, int rows, int64_t K);
 bool matvec_q8_supported(uint32_t type, int64_t K);

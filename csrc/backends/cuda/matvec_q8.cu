@@ -27,12 +27,13 @@ namespace {
 constexpr int kR = kMatvecMaxRows;
 
 // One warp per block of 32 values; blockIdx.y is the row.
-__global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, Q8Act q8) {
+__global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, int8_t* __restrict__ q,
+                                  float2* __restrict__ ds) {
     pdl_start();
     const int lane = threadIdx.x & 31;
     const int64_t b = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5), r = blockIdx.y;
     if (b >= K / 32) return;  // whole warps
-    quantize_lane(x[r * ldx + b * 32 + lane], q8, r, K, b * 32 + lane);
+    quantize_lane(x[r * ldx + b * 32 + lane], q + r * K + b * 32 + lane, ds + r * (K / 32) + b);
 }
 
 // NR: the activation rows the code is built for (1: decode's usual case, with a fraction of the registers of
@@ -121,51 +122,6 @@ __device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, co
     return acc;
 }
 
-// A lane's Q6_K chunks c, c + step, ... with the sums started from x's (Stream<Q6_K>::dot_sums), U = 2 chunks'
-// bytes asked for before either is computed.  Written out, with a __syncwarp after the loads, because ptxas
-// schedules the first chunk's arithmetic as soon as its bytes are asked for and the second chunk's loads after
-// it -- the lane stalls a round trip, then asks for the second: one chunk in flight, not two (so did the
-// kQ6WideDp4a loop's SASS; with sums and no barrier the down went 18.9 -> 20.3 us: CUDA_NOTES run 134).  The
-// WARPSYNC is an instruction ptxas does not move memory operations across.  The same chunks added in the same order as lane_chunks: the same bits.  A lane's chunks
-// lie step / 4 super-blocks apart, a multiple of 8: the same place in each (Stream's Lane).
-static_assert(kLanesPerRow * kMatvecWarps % 32 == 0, "the block kernel's step keeps a lane's place (Stream's Lane)");
-
-template <int U>
-__device__ __forceinline__ float q6k_lane_chunks_sums(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
-    using S = Stream<GGML_TYPE_Q6_K>;
-    const int chunks = int(x.K / 64);
-    float acc = 0.0f;
-    if (c >= chunks) return acc;
-    const S::Lane L = S::lane(c);
-    const int64_t stride = int64_t(step / 4) * S::kBytes;
-    const uint8_t* b = row + int64_t(c / 4) * S::kBytes;
-    if constexpr (U == 2)
-        for (; c + step < chunks; c += 2 * step, b += 2 * stride) {
-            const S::Chunk w0 = S::load(b, L), w1 = S::load(b + stride, L);
-            __syncwarp(__activemask());  // both chunks asked for before either is used: see above
-            acc += S::dot_sums(w0, c, L, x);
-            acc += S::dot_sums(w1, c + step, L, x);
-        }
-    for (; c < chunks; c += step, b += stride) acc += S::dot_sums(S::load(b, L), c, L, x);
-    return acc;
-}
-
-// The same for Q4_K rows (the unrolled build's long rows: the downs): two chunks asked for, a __syncwarp, both
-// computed -- lane_chunks<Q4_K, 2>'s SASS asked for the second chunk after the first one's arithmetic had waited
-// for its bytes, as above.  The same chunks in the same order: the same bits.
-__device__ __forceinline__ float q4k_lane_chunks_paired(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
-    const int chunks = int(x.K / 64);
-    float acc = 0.0f;
-    for (; c + step < chunks; c += 2 * step) {
-        const Q4kChunk w0 = q4k_load(row, c), w1 = q4k_load(row, c + step);
-        __syncwarp(__activemask());  // both chunks asked for before either is used (the lanes of live rows)
-        acc += q4k_dot(w0, c, x.q, x.ds);
-        acc += q4k_dot(w1, c + step, x.q, x.ds);
-    }
-    if (c < chunks) acc += q4k_dot(q4k_load(row, c), c, x.q, x.ds);
-    return acc;
-}
-
 __device__ __forceinline__ float lane_chunks_any(uint32_t type, const uint8_t* row, const XQ& x, int c, int step) {
     switch (type) {
         case GGML_TYPE_Q4_0: return lane_chunks<GGML_TYPE_Q4_0, 0>(row, x, c, step);
@@ -239,11 +195,9 @@ __device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const floa
     store_warp_row(a, out, &s, &s2);
 }
 
-// Q6: how a Q6_K build reads and offsets its chunks (matvec_q8_chunks.cuh); B: blocks an SM (the register cap:
-// 80 at 3, 64 at 4, 40 at 6); PAIRED: Q4_K's unrolled build as q4k_lane_chunks_paired.  block_kernel_build picks
-// them.
-template <int T, int U, int Q6 = (U == 2 ? kQ6WideDp4a : kQ6Wide), int B = (U == 2 ? 4 : 6), bool PAIRED = false>
-__global__ void __launch_bounds__(32 * kMatvecWarps, B) matvec_q8_block_kernel(MatvecArgs a, XQ x, int stage) {
+template <int T, int U>
+__global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x,
+                                                                                           int stage) {
     extern __shared__ __align__(16) uint8_t wsm[];  // the staged rows (block_stage sizes it)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     bool staged = false;
@@ -266,9 +220,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, B) matvec_q8_block_kernel(M
         const uint8_t* w = staged ? wsm + slot : A.W + row.o * A.rb;
         const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
         if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
-        else if constexpr (T == GGML_TYPE_Q6_K && Q6 == kQ6WideSums) acc = q6k_lane_chunks_sums<U>(w, x, c, step);
-        else if constexpr (T == GGML_TYPE_Q4_K && U == 2 && PAIRED) acc = q4k_lane_chunks_paired(w, x, c, step);
-        else acc = lane_chunks<T, U, Q6>(w, x, c, step);
+        else acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c, step);
     }
 #pragma unroll
     for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -570,46 +522,14 @@ bool q6k_unrolled(const MatvecArgs& a) {
     return a.K >= 8192 || (!v && chunks_a_lane(a.K) >= 2);
 }
 
-// Whether the block kernel's Q6_K builds take q6k_lane_chunks_sums -- each sum started at -32 sum(x) from the
-// quantizer's m16, the unrolled build's two chunks both asked for before either is computed -- instead of
-// lane_chunks (the 32 taken off in the loop: a dp4a of x unrolled by two, byte-wise rolled): the same bits, and
-// 172 -> 126 instructions a chunk unrolled, 195 -> 134 rolled.  MINFER_CUDA_MV_Q6K_XSUMS=1 (default: the
-// unrolled build at 4 blocks an SM, 64 registers, 56 bytes spilled), 3 (3 blocks an SM, 80 registers, none
-// spilled) or 0 -- A/B levers, read per call.  Returns 0, 4 or 3 (the unrolled build's blocks an SM).
-int q6k_xsums() {
-    const char* v = lever("MINFER_CUDA_MV_Q6K_XSUMS");
-    if (v && std::strcmp(v, "0") && std::strcmp(v, "1") && std::strcmp(v, "3"))
-        throw MinferError(strfmt("MINFER_CUDA_MV_Q6K_XSUMS must be 0, 1 or 3, not '%s'", v));
-    return !v || *v == '1' ? 4 : *v == '3' ? 3 : 0;
-}
-
-// Whether the block kernel's unrolled Q4_K build takes q4k_lane_chunks_paired: MINFER_CUDA_MV_Q4K_PAIRED=1
-// (default) or 0 (A/B lever, read per call).
-bool q4k_paired() {
-    const char* v = lever("MINFER_CUDA_MV_Q4K_PAIRED");
-    if (v && std::strcmp(v, "0") && std::strcmp(v, "1"))
-        throw MinferError(strfmt("MINFER_CUDA_MV_Q4K_PAIRED must be 0 or 1, not '%s'", v));
-    return !v || *v == '1';
-}
-
 BlockKernel block_kernel_build(const MatvecArgs& a) {
     const int t = launch_type(a);
     const bool long_rows = a.K >= 8192;
-    if (t == GGML_TYPE_Q6_K) {
-        if (const int sums = q6k_xsums()) {
-            if (!q6k_unrolled(a)) return matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1, kQ6WideSums>;
-            return sums == 3 ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2, kQ6WideSums, 3>
-                             : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2, kQ6WideSums>;
-        }
-    }
     switch (t) {
         case GGML_TYPE_Q4_0: return matvec_q8_block_kernel<GGML_TYPE_Q4_0, 0>;
         case GGML_TYPE_Q5_0: return matvec_q8_block_kernel<GGML_TYPE_Q5_0, 0>;
         case GGML_TYPE_Q8_0: return matvec_q8_block_kernel<GGML_TYPE_Q8_0, 0>;
-        case GGML_TYPE_Q4_K:
-            if (!long_rows) return matvec_q8_block_kernel<GGML_TYPE_Q4_K, 0>;
-            return q4k_paired() ? matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2, kQ6Words, 4, true>
-                                : matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2>;
+        case GGML_TYPE_Q4_K: return long_rows ? matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q4_K, 0>;
         case GGML_TYPE_Q6_K: return q6k_unrolled(a) ? matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2> : matvec_q8_block_kernel<GGML_TYPE_Q6_K, 1>;
         default: return matvec_q8_block_kernel<kAnyType, 0>;
     }
@@ -729,8 +649,7 @@ bool matvec_q8_supported(uint32_t type, int64_t K) {
 
 Q8Act q8_act(void* scratch, int rows, int64_t K) {
     int8_t* q = (int8_t*)scratch;
-    float2* ds = (float2*)(q + (size_t(rows) * size_t(K) + 15) / 16 * 16);
-    return Q8Act{q, ds, (int2*)(ds + size_t(rows) * size_t(K / 32))};
+    return Q8Act{q, (float2*)(q + (size_t(rows) * size_t(K) + 15) / 16 * 16)};
 }
 
 // The pipe kernel's launches, with parts q, k and v of whole heads (head_dim % 8: 4 pairs a block), every dim
@@ -754,7 +673,7 @@ bool matvec_q8_rope_fusable(const MatvecArgs& a) {
 }
 
 size_t matvec_q8_scratch_bytes(int rows, int64_t K) {
-    return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * (sizeof(float2) + sizeof(int2)) + 16;
+    return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * sizeof(float2) + 16;
 }
 
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s) {
@@ -772,8 +691,8 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
     const int64_t blocks = a.K / 32;
     if (!quantized)
         launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
-               a.x, a.ldx, a.K, x);
-    const XQ xq{x.q, x.ds, a.K, x.m16};
+               a.x, a.ldx, a.K, x.q, x.ds);
+    const XQ xq{x.q, x.ds, a.K};
     if (a.rope.pos) {
         if (!matvec_q8_rope_fusable(a))
             throw MinferError("CUDA matvec_q8: this launch cannot rotate q and k and store the KV rows itself");

@@ -10,13 +10,11 @@
 
 namespace minfer::cuda {
 
-// x rows quantized: q [rows][K] int8 (16-byte aligned), ds [rows][K / 32] (d, d * sum(q)), m16 [rows][K / 32]
-// (-32 times the sums of q over each block's halves: Q8Act; null where a kernel holds x elsewhere).
+// x rows quantized: q [rows][K] int8 (16-byte aligned), ds [rows][K / 32] (d, d * sum(q)).
 struct XQ {
     const int8_t* q;
     const float2* ds;
     int64_t K;
-    const int2* m16 = nullptr;
 };
 
 __device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
@@ -108,10 +106,8 @@ template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T 
 
 // How a Q6_K chunk is read and offset: its ql and qh 16 bytes of each at a time (kQ6Words: fewer registers live)
 // or all 64 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
-// 32 taken off by dp4a (kMinus32); kQ6WideSums: all first, and the sums start at -32 sum(x) of their 16 values
-// (XQ::m16, made once by the quantizer) -- sum(q x) - 32 sum(x) either way, the same integers, so the same bits,
-// with 16 dp4a a chunk fewer than kQ6WideDp4a (48 integer ops fewer than kQ6Wide); Stream<Q6_K>::dot_sums.
-enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2, kQ6WideSums = 3 };
+// 32 taken off by dp4a (kMinus32).
+enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
 
 // Where Q6_K chunk c of a row lies (the device layout, q6k_layout.cuh): sub-blocks j and j + 2 of super-block
 // c / 4 (j = 4 half + kk, kk in {0, 1}) share 32 bytes of ql (low and high nibbles) and 32 of qh (bits 2kk and
@@ -131,9 +127,9 @@ __device__ __forceinline__ Q6kAt q6k_at(const uint8_t* __restrict__ row, int c) 
 }
 
 // Half h of a Q6_K chunk (16 bytes of its ql, L, and of its qh, H) dotted with the x of sub-blocks j (xs) and
-// j + 2 (xs + 64) into s[h] and s[2 + h].  The 32 taken off by a dp4a of x (Q6 = kQ6WideDp4a: kMinus32), not at
-// all (kQ6WideSums: s starts at -32 sum(x)), else byte-wise (minus32_bytes): the same integers.
-template <int Q6>
+// j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else byte-wise
+// (minus32_bytes): the same integers.
+template <bool DP4A_32>
 __device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t* __restrict__ xs, int h,
                                          int (&s)[4]) {
     const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
@@ -144,10 +140,7 @@ __device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t*
         const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
         const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
         const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
-        if constexpr (Q6 == kQ6WideSums) {
-            s[h] = dp4a(int(lo), xl[i], s[h]);
-            s[2 + h] = dp4a(int(hi), xh[i], s[2 + h]);
-        } else if constexpr (Q6 == kQ6WideDp4a) {
+        if constexpr (DP4A_32) {
             s[h] = dp4a(kMinus32, xl[i], dp4a(int(lo), xl[i], s[h]));
             s[2 + h] = dp4a(kMinus32, xh[i], dp4a(int(hi), xh[i], s[2 + h]));
         } else {
@@ -165,7 +158,7 @@ __device__ __forceinline__ float q6k_scale(uint32_t sa, uint32_t sb, float d, in
 }
 
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
-// Q6 (Q6_K only): how its chunk is read and offset (above; kQ6WideSums is Stream<Q6_K>::dot_sums').
+// Q6 (Q6_K only): how its chunk is read and offset (above).
 template <int T, int Q6 = kQ6Words>
 __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int c, const int8_t* __restrict__ xq,
                                            const float2* __restrict__ ds) {
@@ -216,7 +209,7 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         if constexpr (Q6 != kQ6Words) ql2[0] = at.ql[0], ql2[1] = at.ql[1], qh2[0] = at.qh[0], qh2[1] = at.qh[1];
 #pragma unroll
         for (int h = 0; h < 2; h++)  // 16 bytes of ql and qh at a time
-            q6k_half<Q6>(Q6 != kQ6Words ? ql2[h] : at.ql[h], Q6 != kQ6Words ? qh2[h] : at.qh[h], at.kk,
+            q6k_half<Q6 == kQ6WideDp4a>(Q6 != kQ6Words ? ql2[h] : at.ql[h], Q6 != kQ6Words ? qh2[h] : at.qh[h], at.kk,
                                         xq + at.sub * 32, h, s);
         return q6k_scale(*(const uint16_t*)(at.b + at.sa), *(const uint16_t*)(at.b + at.sb), f16_at(at.b + 208),
                          at.sub, ds, s);
@@ -267,17 +260,7 @@ template <> struct Stream<GGML_TYPE_Q6_K> {
         const int sub = (c / 4) * 8 + L.j;
         int s[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int h = 0; h < 2; h++) q6k_half<kQ6WideDp4a>(w.ql[h], w.qh[h], L.kk, x.q + sub * 32, h, s);
-        return q6k_scale(w.sa, w.sb, h2f(w.d), sub, x.ds, s);
-    }
-    // The same chunk's value with its sums started at -32 sum(x) of their 16 values (XQ::m16; kQ6WideSums): the
-    // same integers, so the same bits, with 16 dp4a fewer.
-    static __device__ __forceinline__ float dot_sums(const Chunk& w, int c, const Lane& L, const XQ& x) {
-        const int sub = (c / 4) * 8 + L.j;
-        const int2 m = x.m16[sub], m2 = x.m16[sub + 2];  // sub-blocks j and j + 2: values 0-15, 16-31 of each
-        int s[4] = {m.x, m.y, m2.x, m2.y};
-#pragma unroll
-        for (int h = 0; h < 2; h++) q6k_half<kQ6WideSums>(w.ql[h], w.qh[h], L.kk, x.q + sub * 32, h, s);
+        for (int h = 0; h < 2; h++) q6k_half<true>(w.ql[h], w.qh[h], L.kk, x.q + sub * 32, h, s);
         return q6k_scale(w.sa, w.sb, h2f(w.d), sub, x.ds, s);
     }
 };

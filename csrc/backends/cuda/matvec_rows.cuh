@@ -38,47 +38,32 @@ __device__ __forceinline__ void store_warp_row(const MatvecArgs& a, const WarpRo
     }
 }
 
-// Value v (column col of row `row`, rows of K values) of a 32-value activation block whose values the lanes of
-// one warp hold in order: q = round(v / d), d = the block's amax / 127 (half away from zero, as the CPU's
-// quantizer); lane 0 writes (d, d * sum(q)) and -32 times the sums of the block's two halves (m16).  The sums
-// are integers (|sum| <= 32 * 127): the halves' sum is the whole's in any order, exact in f32.
-__device__ __forceinline__ void quantize_lane(float v, const Q8Act& q8, int64_t row, int64_t K, int64_t col) {
+// Value v of a 32-value activation block whose values the lanes of one warp hold in order: q = round(v / d),
+// d = the block's amax / 127 (half away from zero, as the CPU's quantizer); lane 0 writes (d, d * sum(q)).
+__device__ __forceinline__ void quantize_lane(float v, int8_t* q, float2* ds) {
     const float d = warp_max(fabsf(v)) / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     const int qi = int(roundf(v * id));
-    q8.q[row * K + col] = int8_t(qi);
-    int h = qi;  // the sum of this lane's half of the warp
-#pragma unroll
-    for (int o = 1; o < 16; o <<= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
-    const int other = __shfl_xor_sync(0xffffffffu, h, 16);
-    if ((threadIdx.x & 31) == 0) {
-        const int64_t b = row * (K / 32) + col / 32;
-        q8.ds[b] = make_float2(d, d * float(h + other));
-        q8.m16[b] = make_int2(-32 * h, -32 * other);
-    }
+    *q = int8_t(qi);
+    const float s = warp_sum(float(qi));  // |sum| <= 32 * 127: exact in f32
+    if ((threadIdx.x & 31) == 0) *ds = make_float2(d, d * s);
 }
 
-// The same for a warp whose lanes hold four consecutive values each (8 lanes per block of 32, col = the first):
-// the same amax, d, q and sums, so the same bytes as quantize_lane.  Every lane of the warp calls it (the
-// shuffles are warp-wide); `live` lanes write.
-__device__ __forceinline__ void quantize_lane4(float4 v, bool live, const Q8Act& q8, int64_t row, int64_t K,
-                                               int64_t col) {
+// The same for a warp whose lanes hold four consecutive values each (8 lanes per block of 32): the same amax,
+// d, q and sum, so the same bytes as quantize_lane.  Every lane of the warp calls it (the shuffles are
+// warp-wide); `live` lanes write.
+__device__ __forceinline__ void quantize_lane4(float4 v, bool live, int8_t* q, float2* ds) {
     float m = fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
 #pragma unroll
     for (int o = 1; o < 8; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
     const float d = m / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
     const int q0 = int(roundf(v.x * id)), q1 = int(roundf(v.y * id)), q2 = int(roundf(v.z * id)),
               q3 = int(roundf(v.w * id));
-    int h = q0 + q1 + q2 + q3;  // then the sum of this lane's half of the block (4 lanes)
+    float s = float(q0 + q1 + q2 + q3);  // |sum| <= 32 * 127: exact in f32, in any order
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1) h += __shfl_xor_sync(0xffffffffu, h, o);
-    const int other = __shfl_xor_sync(0xffffffffu, h, 4);
+    for (int o = 1; o < 8; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if (!live) return;
-    *(char4*)(q8.q + row * K + col) = make_char4(char(q0), char(q1), char(q2), char(q3));
-    if ((threadIdx.x & 7) == 0) {
-        const int64_t b = row * (K / 32) + col / 32;
-        q8.ds[b] = make_float2(d, d * float(h + other));
-        q8.m16[b] = make_int2(-32 * h, -32 * other);
-    }
+    *(char4*)q = make_char4(char(q0), char(q1), char(q2), char(q3));
+    if ((threadIdx.x & 7) == 0) *ds = make_float2(d, d * s);
 }
 
 }  // namespace minfer::cuda

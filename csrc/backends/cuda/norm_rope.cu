@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
         sr[i] = v[k];
         sr[cols + i] = x;
         if (q8.q)
-            quantize_lane(x, q8, row, cols, i);
+            quantize_lane(x, q8.q + int64_t(row) * cols + i, q8.ds + int64_t(row) * (cols / 32) + i / 32);
     }
 }
 
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int
     } else if (mine) {
         ((float4*)yr)[f] = xv;
     }
-    if (q8.q) quantize_lane4(xv, mine, q8, row, cols, 4 * f);
+    if (q8.q) quantize_lane4(xv, mine, q8.q + int64_t(row) * cols + 4 * f, q8.ds + int64_t(row) * (cols / 32) + f / 8);
 }
 
 // Pair i (< head_dim / 2) of a head, x -> y: rotated by the angle (cs, sn) when
