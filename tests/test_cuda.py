@@ -811,6 +811,24 @@ def test_wait_is_bounded(q05_model, monkeypatch):
         M.Session(q05_model, device="cuda")
 
 
+def test_kernel_entry_points_wait_bounded(rng, monkeypatch):
+    """cuda_matmul and cuda_copy_bandwidth (the kernel-level entry points the tests and benchmarks use) wait with
+    the backend's bound too: a GEMM of 256 rows over 4096 x 4096 weights, or 20 copies of 256 MB, cannot finish
+    within a microsecond, so the wait is an exception naming the bound -- and the GPU, which was never hung, then
+    runs the same call to the end (the timed-out call's memory is left allocated, not freed under a kernel)."""
+    t, w = random_weight("q4_k", 4096, 4096, rng)
+    x = rng.standard_normal((256, 4096)).astype(np.float32)
+    monkeypatch.setenv("MINFER_GPU_TIMEOUT_S", "0.000001")
+    with pytest.raises(minfer.MinferError, match=r"running the matmul: the GPU did not finish within 1e-06 s"):
+        M.cuda_matmul(t, w, x, 4096, path="gemm")
+    with pytest.raises(minfer.MinferError, match=r"the GPU did not finish within 1e-06 s \(MINFER_GPU_TIMEOUT_S\)"):
+        M.cuda_copy_bandwidth(1 << 28, 20)
+    monkeypatch.delenv("MINFER_GPU_TIMEOUT_S")
+    y, _ = M.cuda_matmul(t, w, x[:2], 4096, path="q8")
+    assert y.shape == (2, 4096) and np.all(np.isfinite(y))
+    assert M.cuda_copy_bandwidth(1 << 26, 4) > 1e11
+
+
 # ---- compute-sanitizer on a decode step ---------------------------------------------------------
 
 STEP = r'''

@@ -776,18 +776,46 @@ std::unique_ptr<Backend> make_cuda_backend(const WeightStore* weights, size_t re
 }
 
 namespace {
-// Device memory freed on every path out of the kernel entry points below.
+// The kernel entry points below (cuda_matmul, cuda_copy_bandwidth) wait as the backend does: by polling an
+// event, bounded by MINFER_GPU_TIMEOUT_S.  A wait that times out marks the call hung, and its device memory is
+// then left allocated rather than freed (cudaFree would wait for the hung kernel; H200 run 135 lost 9.5 minutes
+// to a hung test kernel behind a plain cudaDeviceSynchronize).
+struct Waits {
+    double timeout_s = seconds_from_env("MINFER_GPU_TIMEOUT_S", 10.0);
+    bool hung = false;
+    // Waits for event ev (recorded by the caller); what: the step, for the error.
+    void on(cudaEvent_t ev, const char* what) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (;;) {
+            const cudaError_t e = cudaEventQuery(ev);
+            if (e == cudaSuccess) return;
+            if (e != cudaErrorNotReady) throw MinferError(strfmt("CUDA %s: %s", what, cudaGetErrorString(e)));
+            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
+                hung = true;
+                throw MinferError(strfmt("CUDA %s: the GPU did not finish within %g s (MINFER_GPU_TIMEOUT_S)", what,
+                                         timeout_s));
+            }
+            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+};
+// Device memory freed on every path out of the entry points, unless their wait timed out (Waits).
 struct DevMem {
     void* p = nullptr;
-    explicit DevMem(size_t bytes) { check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "allocating test memory"); }
-    ~DevMem() { cudaFree(p); }
+    const Waits& waits;
+    DevMem(size_t bytes, const Waits& w) : waits(w) {
+        check(cudaMalloc(&p, std::max<size_t>(bytes, 16)), "allocating test memory");
+    }
+    ~DevMem() {
+        if (!waits.hung) cudaFree(p);
+    }
 };
 struct Timer {
     cudaEvent_t a, b;
     Timer() { cudaEventCreate(&a); cudaEventCreate(&b); }
     ~Timer() { cudaEventDestroy(a); cudaEventDestroy(b); }
-    double seconds() {
-        check(cudaEventSynchronize(b), "timing");
+    double seconds(Waits& w) {
+        w.on(b, "timing");
         float ms = 0;
         cudaEventElapsedTime(&ms, a, b);
         return ms / 1e3;
@@ -814,9 +842,11 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
         throw MinferError(strfmt("cuda_matmul: no 8-bit-activation matvec for %s at width %lld", type_traits(type).name,
                                  (long long)K));
     const size_t dev_w = size_t(N) * size_t(row_bytes(type, K));  // the upload's layout (lay_rows)
-    DevMem dw(dev_w + 256), dx(size_t(rows) * K * 4), dy(size_t(rows) * N * 4), wh(size_t(N) * K * 2),
-        xh(size_t(rows) * K * 2), part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4),
-        xq(cuda::matvec_q8_scratch_bytes(rows, K));
+    Waits waits;  // before the memory: it outlives it
+    DevMem dw(dev_w + 256, waits), dx(size_t(rows) * K * 4, waits), dy(size_t(rows) * N * 4, waits),
+        wh(size_t(N) * K * 2, waits), xh(size_t(rows) * K * 2, waits),
+        part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4, waits),
+        xq(cuda::matvec_q8_scratch_bytes(rows, K), waits);
     std::vector<uint8_t> laid(dev_w);
     lay_rows(type, w, laid.data(), N, K);
     check(cudaMemcpy(dw.p, laid.data(), dev_w, cudaMemcpyHostToDevice), "uploading");
@@ -841,14 +871,15 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
                            (float*)part.p, s);
         }
     };
+    Timer t;
     run();
-    check(cudaDeviceSynchronize(), "running the matmul");
+    check(cudaEventRecord(t.b, s), "recording an event");
+    waits.on(t.b, "running the matmul");
     if (iters > 0) {
-        Timer t;
         cudaEventRecord(t.a, s);
         for (int i = 0; i < iters; i++) run();
         cudaEventRecord(t.b, s);
-        *seconds_per_call = t.seconds() / iters;
+        *seconds_per_call = t.seconds(waits) / iters;
     }
     std::vector<float> y(size_t(rows) * size_t(N));
     check(cudaMemcpy(y.data(), dy.p, y.size() * 4, cudaMemcpyDeviceToHost), "reading back");
@@ -857,14 +888,17 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
 
 double cuda_copy_bandwidth(size_t bytes, int iters) {
     if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
-    DevMem a(bytes), b(bytes);
-    check(cudaMemset(a.p, 1, bytes), "filling");
-    check(cudaMemcpy(b.p, a.p, bytes, cudaMemcpyDeviceToDevice), "warming up");
+    Waits waits;
+    DevMem a(bytes, waits), b(bytes, waits);
     Timer t;
+    check(cudaMemsetAsync(a.p, 1, bytes, nullptr), "filling");
+    check(cudaMemcpyAsync(b.p, a.p, bytes, cudaMemcpyDeviceToDevice, nullptr), "warming up");
+    check(cudaEventRecord(t.b, nullptr), "recording an event");
+    waits.on(t.b, "warming up");
     cudaEventRecord(t.a, nullptr);
     for (int i = 0; i < iters; i++) cudaMemcpyAsync(i % 2 ? a.p : b.p, i % 2 ? b.p : a.p, bytes, cudaMemcpyDeviceToDevice, nullptr);
     cudaEventRecord(t.b, nullptr);
-    return 2.0 * double(bytes) * iters / t.seconds();
+    return 2.0 * double(bytes) * iters / t.seconds(waits);
 }
 
 }  // namespace minfer
