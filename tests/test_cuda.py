@@ -209,6 +209,45 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
         M.cuda_matmul(t, w, x, n, path="q8")
 
 
+@pytest.mark.parametrize("wtype,n,k,spreads", [("q6_k", 300, 18944, True), ("q4_k", 1001, 8960, True),
+                                               ("q4_k", 3584, 3584, True), ("q4_k", 5001, 4096, True),
+                                               ("q6_k", 13, 1536, False), ("q4_k", 8000, 3584, False)])
+def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
+    """MINFER_CUDA_MV_SPREAD: a one-wave launch of the block kernel unrolled by two (Q6_K / Q4_K rows of 8192 and
+    more) or of the pipe kernel's whole-row build (2048 < K <= 4096) deals its rows evenly to a full wave of blocks
+    (1-8 a block: 300 rows one a block, 1001 rows one or two, 3584 and 5001 rows five to eight) and gives the
+    8-rows-a-block launch's bits; =only shows it ran, and raises for the rolled Q6_K build (no spread build) and
+    for 1000 blocks of 8 rows (more than a wave); a bad value is an error."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
+    base = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
+    if spreads:
+        assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], base)
+    else:
+        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: "):
+            M.cuda_matmul(t, w, x, n, path="q8")
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
+    assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], base)
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "yes")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD must be 0, 1 or only"):
+        M.cuda_matmul(t, w, x, n, path="q8")
+
+
+def test_spread_decode_is_bit_exact(rng, monkeypatch):
+    """The 1.5B layout decodes to the same logits with MINFER_CUDA_MV_SPREAD=1 as without: its downs (Q4_K and
+    Q6_K rows of 8960, the block kernel unrolled by two, 192 blocks of 8 rows where a wave holds 4 an SM) are
+    spread, graph replays included."""
+    model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
+    base, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
+    spread, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    assert np.array_equal(base, spread)
+
+
 @pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
                                        ("q4_k", 299, 18944), ("q6_k", 36000, 3584), ("q6_k", 13, 1536),
                                        ("q4_k", 40, 512)])

@@ -55,6 +55,9 @@ struct MatvecArgs {
     float* y = nullptr;
     int64_t ldy = 0;
     QkvRopeEpilogue rope;
+    // Read by the spread builds of the block and pipe kernels alone (matvec_q8's MINFER_CUDA_MV_SPREAD): the
+    // launch's n rows dealt to its blocks, block g taking spread_q + (g < spread_r) of them (<= 8).
+    int64_t spread_q = 0, spread_r = 0;
 };
 void matvec(const MatvecArgs& a, cudaStream_t s);
 // The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes; laid

@@ -174,17 +174,28 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
 // Row i of a block's 8 weight rows (with swiglu, gate/up pair i % 4 of its 4): what the block kernel and the pipe
 // kernel share, with the end both take -- each row's partial sums of the 8 warps (sums[warp][row], written and
 // synchronized by the caller) added in warp order by thread t < the block's rows, and stored.
-// g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).
+// g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).  SPREAD (no
+// swiglu): block g takes rows g q + min(g, r) .. of the launch's n = q gridDim.x + r, q + (g < r) of them
+// (MatvecArgs::spread_q, spread_r; matvec_q8's MINFER_CUDA_MV_SPREAD).
+template <bool SPREAD = false>
 __device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i, int64_t g = blockIdx.x) {
     constexpr int half = kBlockRows / 2;
-    return a.swiglu ? warp_row(a, g * half + i % half) : warp_row(a, g * kBlockRows + i);
+    if (a.swiglu) return warp_row(a, g * half + i % half);
+    if constexpr (SPREAD) {
+        const int64_t first = g * a.spread_q + min(g, a.spread_r);
+        WarpRow w = warp_row(a, first + i);
+        w.live = w.live && i < a.spread_q + (g < a.spread_r);
+        return w;
+    }
+    return warp_row(a, g * kBlockRows + i);
 }
 
+template <bool SPREAD = false>
 __device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows],
                                                  int64_t g = blockIdx.x) {
     const int t = threadIdx.x;
     if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
-    const WarpRow out = block_row(a, t, g);
+    const WarpRow out = block_row<SPREAD>(a, t, g);
     if (!out.live) return;
     float s = 0.0f, s2 = 0.0f;  // the row's sum over the warps (with swiglu s2: its up row's)
 #pragma unroll
@@ -195,7 +206,8 @@ __device__ __forceinline__ void store_block_rows(const MatvecArgs& a, const floa
     store_warp_row(a, out, &s, &s2);
 }
 
-template <int T, int U>
+// SPREAD: rows dealt as block_row<true> says (never staged: stage is kStageOff).
+template <int T, int U, bool SPREAD = false>
 __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_block_kernel(MatvecArgs a, XQ x,
                                                                                            int stage) {
     extern __shared__ __align__(16) uint8_t wsm[];  // the staged rows (block_stage sizes it)
@@ -210,7 +222,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
         __syncthreads();
     }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
-    const WarpRow row = block_row(a, r);
+    const WarpRow row = block_row<SPREAD>(a, r);
     float acc = 0.0f;
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
@@ -227,7 +239,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     const int t = threadIdx.x;  // (lane, warp, r re-derived from it: fewer registers live across the loop)
     if (t % kLanesPerRow == 0) sums[t >> 5][(t & 31) / kLanesPerRow] = acc;
     __syncthreads();
-    store_block_rows(a, sums);
+    store_block_rows<SPREAD>(a, sums);
 }
 
 // FusedQkvRope's launch (parts q, k, v): a block's 8 rows are 4 rotation pairs, so that its end can rotate them.
@@ -306,14 +318,15 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // before the wait and no register holds a third: 48 registers, 5 blocks an SM.
 constexpr int kWholeRow = 3;
 
-template <int AHEAD, bool ROPE>
+// SPREAD (not with ROPE): rows dealt as block_row<true> says.
+template <int AHEAD, bool ROPE, bool SPREAD = false>
 __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2 ? 4 : 5)
     matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane / 8, r = lane % 8;
-    const WarpRow row = ROPE ? warp_row(a, rope_block_row(a.rope, r)) : block_row(a, r);
+    const WarpRow row = ROPE ? warp_row(a, rope_block_row(a.rope, r)) : block_row<SPREAD>(a, r);
     __shared__ double2 ang[ROPE ? kBlockRows : 1];
     __shared__ float vals[ROPE ? kBlockRows : 1];
     int pos = 0;
@@ -357,7 +370,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     if (k == 0) sums[warp][r] = acc;
     __syncthreads();
     if constexpr (ROPE) store_rope_rows(a, sums, ang, pos, vals);
-    else store_block_rows(a, sums);
+    else store_block_rows<SPREAD>(a, sums);
 }
 
 // The block kernel's layout (8 rows a block, four lanes a row in each warp, chunks dealt round-robin, x read
@@ -599,6 +612,53 @@ int stream_ahead(const MatvecArgs& a, int64_t groups) {
     return 2;
 }
 
+// MINFER_CUDA_MV_SPREAD=1: a launch of the 7B's one-wave builds -- the block kernel unrolled by two (Q4_K and
+// Q6_K rows of 8192 and more: the downs) and the pipe kernel's whole-row build (the O projection) -- with fewer
+// groups of 8 rows than the GPU holds blocks of it deals its rows evenly to a full wave of blocks, at most 8 a
+// block, instead of 8 a block: the 7B's downs are 448 blocks where 528 fit (52 SMs run 4 of them, 80 run 3),
+// its O projection 448 where 660 fit.  The same lanes and sums a row: the same bits.  Built as separate
+// kernels (SPREAD), so the default builds' code is unchanged.  0 (default): 8 rows a block; =only spreads as 1
+// does and raises for a launch it cannot spread (the tests: each case shows it ran).  A/B lever, read per call;
+// not measured yet (CUDA_NOTES session 22).  spread: the launch's spread build or null.  Returns the grid.
+int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
+    const char* v = lever("MINFER_CUDA_MV_SPREAD");
+    if (v && std::strcmp(v, "0") && std::strcmp(v, "1") && std::strcmp(v, "only"))
+        throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be 0, 1 or only, not '%s'", v));
+    if (!v || *v == '0') return 0;
+    const bool only = *v == 'o';
+    if (!spread || a.swiglu || a.rope.pos) {
+        if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
+        return 0;
+    }
+    int per_sm = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread, 32 * kMatvecWarps, smem);
+    if (e != cudaSuccess || per_sm < 1)
+        throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a spread launch (%s)", cudaGetErrorString(e)));
+    int64_t rows = 0;
+    for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
+    const int64_t wave = int64_t(per_sm) * sm_count();
+    if (grid >= wave) {
+        if (only)
+            throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD=only: %lld blocks fill a wave of %lld", (long long)grid,
+                                     (long long)wave));
+        return 0;
+    }
+    const int64_t blocks = std::min(wave, rows);
+    a.spread_q = rows / blocks;
+    a.spread_r = rows % blocks;
+    return blocks;
+}
+
+// The spread builds of the block and pipe kernels (spread_grid), or null for a build that has none.
+BlockKernel block_kernel_spread(BlockKernel k) {
+    if (k == matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2>) return matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2, true>;
+    if (k == matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2>) return matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2, true>;
+    return nullptr;
+}
+MatvecKernel pipe_kernel_spread(int ahead) {
+    return ahead == kWholeRow ? matvec_q4k_pipe_kernel<kWholeRow, false, true> : nullptr;
+}
+
 // The stream kernel's build and its grid: one wave of blocks (as many as fit an SM, times the SMs), or one block
 // a group where there are fewer groups.
 void launch_stream(const MatvecArgs& a, const XQ& x, int ahead, int64_t groups, cudaStream_t s) {
@@ -709,12 +769,24 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         const dim3 grid(unsigned((rows + per_block - 1) / per_block));
         if (const int ahead = forced && stage != kStageOff ? 0 : stream_ahead(a, grid.x))
             launch_stream(a, xq, ahead, grid.x, s);
-        else if (!(forced && stage != kStageOff) && pipe_kernel_for(a))  // where it applies, in place of staging
-            launch("matvec_q8", pipe_kernel<false>(pipe_ahead(grid.x, a.K)), grid, dim3(32 * kMatvecWarps),
-                   size_t(a.K + a.K / 4), s, a, xq);
-        else
-            launch("matvec_q8", block_kernel_build(a), grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s,
-                   a, xq, stage);
+        else if (!(forced && stage != kStageOff) && pipe_kernel_for(a)) {  // where it applies, in place of staging
+            const int ahead = pipe_ahead(grid.x, a.K);
+            const size_t xs = size_t(a.K + a.K / 4);
+            MatvecArgs b = a;
+            const MatvecKernel sk = pipe_kernel_spread(ahead);
+            if (const int64_t g = spread_grid(b, (const void*)sk, xs, grid.x))
+                launch("matvec_q8", sk, dim3(unsigned(g)), dim3(32 * kMatvecWarps), xs, s, b, xq);
+            else
+                launch("matvec_q8", pipe_kernel<false>(ahead), grid, dim3(32 * kMatvecWarps), xs, s, a, xq);
+        } else {
+            const BlockKernel k = block_kernel_build(a);
+            MatvecArgs b = a;
+            const BlockKernel sk = stage == kStageOff ? block_kernel_spread(k) : nullptr;  // staged blocks keep 8 rows
+            if (const int64_t g = spread_grid(b, (const void*)sk, 0, grid.x))
+                launch("matvec_q8", sk, dim3(unsigned(g)), dim3(32 * kMatvecWarps), 0, s, b, xq, stage);
+            else
+                launch("matvec_q8", k, grid, dim3(32 * kMatvecWarps), stage == kStageOff ? 0 : smem, s, a, xq, stage);
+        }
     } else {
         launch("matvec_q8", warp_kernel_build(a),
                dim3(unsigned((rows + kMatvecWarps - 1) / kMatvecWarps)), dim3(32 * kMatvecWarps), 0, s, a, xq);
