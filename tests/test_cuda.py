@@ -211,13 +211,13 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
 
 @pytest.mark.parametrize("wtype,n,k,spreads", [("q6_k", 300, 18944, True), ("q4_k", 1001, 8960, True),
                                                ("q4_k", 3584, 3584, True), ("q4_k", 5001, 4096, True),
-                                               ("q6_k", 13, 1536, False), ("q4_k", 8000, 3584, False)])
+                                               ("q4_k", 8000, 3584, True), ("q6_k", 13, 1536, False)])
 def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
-    """MINFER_CUDA_MV_SPREAD: a one-wave launch of the block kernel unrolled by two (Q6_K / Q4_K rows of 8192 and
-    more) or of the pipe kernel's whole-row build (2048 < K <= 4096) deals its rows evenly to a full wave of blocks
-    (1-8 a block: 300 rows one a block, 1001 rows one or two, 3584 and 5001 rows five to eight) and gives the
-    8-rows-a-block launch's bits; =only shows it ran, and raises for the rolled Q6_K build (no spread build) and
-    for 1000 blocks of 8 rows (more than a wave); a bad value is an error."""
+    """MINFER_CUDA_MV_SPREAD: a launch of the block kernel unrolled by two (Q6_K / Q4_K rows of 8192 and more) or
+    of the pipe kernel's whole-row build (2048 < K <= 4096) deals its rows evenly to whole waves of blocks (1-8 a
+    block: 300 rows one a block, 1001 one or two, 3584 and 5001 five to eight; 8000 rows, more than a wave of 8 a
+    block, over two waves) and gives the 8-rows-a-block launch's bits; =only shows it ran, and raises for the
+    rolled Q6_K build (no spread build); a bad value is an error."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
@@ -234,6 +234,26 @@ def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
     monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "yes")
     with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD must be 0, 1 or only"):
         M.cuda_matmul(t, w, x, n, path="q8")
+
+
+def test_spread_on_fused_parts(q15, rng, monkeypatch):
+    """The spread build of the pipe kernel's whole-row build (MINFER_CUDA_MV_AHEAD=whole on the 1.5B's rows) on the
+    launches of several parts: q, k and v (Q4_K, Q4_K, Q6_K: blocks straddle the parts) and gate and up with SwiGLU
+    (pairs dealt to the blocks) -- the bits of 8 rows (4 pairs) a block; =only shows both were spread."""
+    m, s = q15
+    x = rng.standard_normal((1, 1536)).astype(np.float32)
+    L = "blk.5."
+    nodes = [dict(op="FusedQKV", inputs=[0], rows=1, cols=1536 + 512, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256)),
+             dict(op="FusedFFN", inputs=[0], rows=1, cols=8960,
+                  meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "whole")
+    base = s.run_ops("cuda", [x], nodes)
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
+    for a, b in zip(base, s.run_ops("cuda", [x], nodes)):
+        assert np.array_equal(a, b)
 
 
 def test_spread_decode_is_bit_exact(rng, monkeypatch):

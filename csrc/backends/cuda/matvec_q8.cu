@@ -174,20 +174,20 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
 // Row i of a block's 8 weight rows (with swiglu, gate/up pair i % 4 of its 4): what the block kernel and the pipe
 // kernel share, with the end both take -- each row's partial sums of the 8 warps (sums[warp][row], written and
 // synchronized by the caller) added in warp order by thread t < the block's rows, and stored.
-// g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).  SPREAD (no
-// swiglu): block g takes rows g q + min(g, r) .. of the launch's n = q gridDim.x + r, q + (g < r) of them
-// (MatvecArgs::spread_q, spread_r; matvec_q8's MINFER_CUDA_MV_SPREAD).
+// g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).  SPREAD: block g
+// takes rows (with swiglu gate/up pairs) g q + min(g, r) .. of the launch's n = q gridDim.x + r, q + (g < r) of
+// them (MatvecArgs::spread_q, spread_r; matvec_q8's MINFER_CUDA_MV_SPREAD).
 template <bool SPREAD = false>
 __device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i, int64_t g = blockIdx.x) {
     constexpr int half = kBlockRows / 2;
-    if (a.swiglu) return warp_row(a, g * half + i % half);
     if constexpr (SPREAD) {
+        const int j = a.swiglu ? i % half : i;
         const int64_t first = g * a.spread_q + min(g, a.spread_r);
-        WarpRow w = warp_row(a, first + i);
-        w.live = w.live && i < a.spread_q + (g < a.spread_r);
+        WarpRow w = warp_row(a, first + j);
+        w.live = w.live && j < a.spread_q + (g < a.spread_r);
         return w;
     }
-    return warp_row(a, g * kBlockRows + i);
+    return a.swiglu ? warp_row(a, g * half + i % half) : warp_row(a, g * kBlockRows + i);
 }
 
 template <bool SPREAD = false>
@@ -612,21 +612,23 @@ int stream_ahead(const MatvecArgs& a, int64_t groups) {
     return 2;
 }
 
-// MINFER_CUDA_MV_SPREAD=1: a launch of the 7B's one-wave builds -- the block kernel unrolled by two (Q4_K and
-// Q6_K rows of 8192 and more: the downs) and the pipe kernel's whole-row build (the O projection) -- with fewer
-// groups of 8 rows than the GPU holds blocks of it deals its rows evenly to a full wave of blocks, at most 8 a
-// block, instead of 8 a block: the 7B's downs are 448 blocks where 528 fit (52 SMs run 4 of them, 80 run 3),
-// its O projection 448 where 660 fit.  The same lanes and sums a row: the same bits.  Built as separate
-// kernels (SPREAD), so the default builds' code is unchanged.  0 (default): 8 rows a block; =only spreads as 1
-// does and raises for a launch it cannot spread (the tests: each case shows it ran).  A/B lever, read per call;
-// not measured yet (CUDA_NOTES session 22).  spread: the launch's spread build or null.  Returns the grid.
+// MINFER_CUDA_MV_SPREAD=1: a launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192 and more:
+// the downs) or of the pipe kernel's whole-row build (the 7B's O, gate/up and q/k/v without the rope epilogue)
+// deals its rows (gate/up pairs) evenly to whole waves of blocks -- as many waves as its 8 rows (4 pairs) a block
+// take, each full -- instead of 8 a block, which leaves the last wave part-full: the 7B's downs are 448 blocks
+// where a wave is 528 (52 SMs run 4 of them, 80 run 3), its O 448 of 660, its gate/up 4736 = 7.2 waves of 660.
+// If what an SM can pull limits these kernels, the SMs with the most rows (or the last wave's few blocks) set
+// their length.  The same lanes and sums a row: the same bits.  Built as separate kernels (SPREAD), so the
+// default builds' code is unchanged.  0 (default): 8 rows a block; =only spreads as 1 does and raises for a
+// launch it cannot spread (the tests: each case shows it ran).  A/B lever, read per call; not measured yet
+// (CUDA_NOTES session 22).  spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
 int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
     const char* v = lever("MINFER_CUDA_MV_SPREAD");
     if (v && std::strcmp(v, "0") && std::strcmp(v, "1") && std::strcmp(v, "only"))
         throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be 0, 1 or only, not '%s'", v));
     if (!v || *v == '0') return 0;
     const bool only = *v == 'o';
-    if (!spread || a.swiglu || a.rope.pos) {
+    if (!spread || a.rope.pos) {
         if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
         return 0;
     }
@@ -634,16 +636,18 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
     const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread, 32 * kMatvecWarps, smem);
     if (e != cudaSuccess || per_sm < 1)
         throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a spread launch (%s)", cudaGetErrorString(e)));
-    int64_t rows = 0;
-    for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
+    int64_t rows = 0;  // rows, or with swiglu gate/up pairs
+    if (a.swiglu) rows = a.part[0].n_out;
+    else
+        for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
     const int64_t wave = int64_t(per_sm) * sm_count();
-    if (grid >= wave) {
+    const int64_t blocks = std::min((grid + wave - 1) / wave * wave, rows);  // >= grid: at most 8 rows a block
+    if (blocks == grid) {
         if (only)
-            throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD=only: %lld blocks fill a wave of %lld", (long long)grid,
-                                     (long long)wave));
+            throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD=only: %lld blocks are whole waves of %lld already",
+                                     (long long)grid, (long long)wave));
         return 0;
     }
-    const int64_t blocks = std::min(wave, rows);
     a.spread_q = rows / blocks;
     a.spread_r = rows % blocks;
     return blocks;
