@@ -209,6 +209,16 @@ def test_q6k_block_unrolled(rng, monkeypatch, n, k):
         M.cuda_matmul(t, w, x, n, path="q8")
 
 
+def block_kernel_case(rng, monkeypatch, wtype, n, k):
+    """Random rows of a type and one x row, the lever set to the block kernel's family (block, pipe: not the
+    warp or the stream kernel), and its result: (type, w, x, y)."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
+    return t, w, x, M.cuda_matmul(t, w, x, n, path="q8")[0]
+
+
 @pytest.mark.parametrize("wtype,n,k,spreads", [("q6_k", 300, 18944, True), ("q4_k", 1001, 8960, True),
                                                ("q4_k", 3584, 3584, True), ("q4_k", 5001, 4096, True),
                                                ("q4_k", 8000, 3584, True), ("q6_k", 13, 1536, False)])
@@ -218,11 +228,7 @@ def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
     block: 300 rows one a block, 1001 one or two, 3584 and 5001 five to eight; 8000 rows, more than a wave of 8 a
     block, over two waves) and gives the 8-rows-a-block launch's bits; =only shows it ran, and raises for the
     rolled Q6_K build (no spread build); a bad value is an error."""
-    t, w = random_weight(wtype, n, k, rng)
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
-    base = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    t, w, x, base = block_kernel_case(rng, monkeypatch, wtype, n, k)
     monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
     if spreads:
         assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], base)
@@ -243,11 +249,7 @@ def test_spread_on_fused_parts(q15, rng, monkeypatch):
     m, s = q15
     x = rng.standard_normal((1, 1536)).astype(np.float32)
     L = "blk.5."
-    nodes = [dict(op="FusedQKV", inputs=[0], rows=1, cols=1536 + 512, meta=dict(
-        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
-        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256)),
-             dict(op="FusedFFN", inputs=[0], rows=1, cols=8960,
-                  meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
+    nodes = fused_decode_nodes(L)
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
     monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "whole")
     base = s.run_ops("cuda", [x], nodes)
@@ -278,11 +280,7 @@ def test_stream_matvec(rng, monkeypatch, wtype, n, k):
     so every block walks several) with one chunk a lane; MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane
     walks 9-10 chunks), two chunks a lane, short rows and a last group of 3-7 rows, and raises where it cannot run,
     so each case shows it ran.  Within the float64 bound; bad lever values are errors."""
-    t, w = random_weight(wtype, n, k, rng)
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
-    block = M.cuda_matmul(t, w, x, n, path="q8")[0]
+    t, w, x, block = block_kernel_case(rng, monkeypatch, wtype, n, k)
     monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "auto")
     assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)
     monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "only")
@@ -425,17 +423,23 @@ def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
     close(ffn, ref, 3e-2)
 
 
+def fused_decode_nodes(L):
+    """The 1.5B layout's decode launches of several parts in layer L ("blk.5."): q, k and v, and gate and up with
+    SwiGLU, as run_ops nodes over one input row."""
+    return [dict(op="FusedQKV", inputs=[0], rows=1, cols=1536 + 512, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256)),
+            dict(op="FusedFFN", inputs=[0], rows=1, cols=8960,
+                 meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
+
+
 def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
     """The pipe kernel on the decode launches with several parts -- q, k and v of types Q4_K / Q4_K / Q6_K in
     one launch, gate and up with SwiGLU -- gives the block kernel's bits, loading one chunk ahead or two."""
     m, s = q15
     x = rng.standard_normal((1, 1536)).astype(np.float32)
     L = "blk.5."
-    nodes = [dict(op="FusedQKV", inputs=[0], rows=1, cols=1536 + 512, meta=dict(
-        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
-        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256)),
-             dict(op="FusedFFN", inputs=[0], rows=1, cols=8960,
-                  meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
+    nodes = fused_decode_nodes(L)
     g = minfer.gguf.open(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     assert [g.tensors[L + f"attn_{p}.weight"].type for p in "qkv"] == [12, 12, 14]  # Q4_K, Q4_K, Q6_K
     monkeypatch.setenv("MINFER_CUDA_MV", "block")
