@@ -14,6 +14,10 @@
 // definition -- is dequant8 (dequant.cuh) and csrc/quant/dequantize.cpp;
 // tests/test_cuda.py checks this path against float64 with the bound of
 // rounding x to 8 bits.
+#include <map>
+#include <mutex>
+#include <utility>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_q8_chunks.cuh"
@@ -632,10 +636,22 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
         if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
         return 0;
     }
+    // blocks an SM of the build, asked once a build and shared memory size (a graph capture then asks nothing)
+    static std::mutex mu;
+    static std::map<std::pair<const void*, size_t>, int> occupancy;
     int per_sm = 0;
-    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, spread, 32 * kMatvecWarps, smem);
-    if (e != cudaSuccess || per_sm < 1)
-        throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a spread launch (%s)", cudaGetErrorString(e)));
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        int& n = occupancy[{spread, smem}];
+        if (!n) {
+            const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, spread, 32 * kMatvecWarps, smem);
+            if (e != cudaSuccess || n < 1) {
+                n = 0;
+                throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a spread launch (%s)", cudaGetErrorString(e)));
+            }
+        }
+        per_sm = n;
+    }
     int64_t rows = 0;  // rows, or with swiglu gate/up pairs
     if (a.swiglu) rows = a.part[0].n_out;
     else
