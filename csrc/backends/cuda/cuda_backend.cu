@@ -43,6 +43,21 @@ constexpr int kChainSteps = 256;
 // How long a wait polls without sleeping (seconds): longer than any decode step of the models run here.
 constexpr double kSpinS = 0.05;
 
+// Polls event ev until it completes (cudaSuccess), fails (that CUDA error) or timeout_s pass (cudaErrorNotReady).
+// Spin first: a decode step is 0.5-5 ms and a sleep wakes ~100 us late (that was 6 % of the 7B's step when the
+// spin ended at 2 ms); long waits (prefill, a hung device) sleep between polls.
+cudaError_t wait_event(cudaEvent_t ev, double timeout_s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (;;) {
+        const cudaError_t e = cudaEventQuery(ev);
+        if (e != cudaErrorNotReady) return e;
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (s > timeout_s) return cudaErrorNotReady;
+        if (s > kSpinS) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        else std::this_thread::yield();
+    }
+}
+
 std::string gib(size_t b) { return strfmt("%.2f GiB", double(b) / double(1ull << 30)); }
 
 // MINFER_CUDA_DECODE: "q8" (default: decode's activations rounded to 8-bit blocks where the weight type has
@@ -391,19 +406,10 @@ void CudaBackend::fail(const std::string& what) {
 }
 
 void CudaBackend::wait(cudaEvent_t ev, const char* what) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (;;) {
-        cudaError_t e = cudaEventQuery(ev);
-        if (e == cudaSuccess) return;
-        if (e != cudaErrorNotReady) fail(strfmt("%s: %s", what, cudaGetErrorString(e)));
-        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        if (s > timeout_s_)
-            fail(strfmt("%s: the GPU did not finish within %.1f s (MINFER_GPU_TIMEOUT_S)", what, timeout_s_));
-        // Spin first: a decode step is 0.5-5 ms and a sleep wakes ~100 us late (that was 6 % of the 7B's step
-        // when the spin ended at 2 ms); long waits (prefill, a hung device) sleep between polls.
-        if (s > kSpinS) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        else std::this_thread::yield();
-    }
+    const cudaError_t e = wait_event(ev, timeout_s_);
+    if (e == cudaErrorNotReady)
+        fail(strfmt("%s: the GPU did not finish within %.1f s (MINFER_GPU_TIMEOUT_S)", what, timeout_s_));
+    if (e != cudaSuccess) fail(strfmt("%s: %s", what, cudaGetErrorString(e)));
 }
 
 void CudaBackend::synchronize() {
@@ -785,18 +791,13 @@ struct Waits {
     bool hung = false;
     // Waits for event ev (recorded by the caller); what: the step, for the error.
     void on(cudaEvent_t ev, const char* what) {
-        const auto t0 = std::chrono::steady_clock::now();
-        for (;;) {
-            const cudaError_t e = cudaEventQuery(ev);
-            if (e == cudaSuccess) return;
-            if (e != cudaErrorNotReady) throw MinferError(strfmt("CUDA %s: %s", what, cudaGetErrorString(e)));
-            if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s) {
-                hung = true;
-                throw MinferError(strfmt("CUDA %s: the GPU did not finish within %g s (MINFER_GPU_TIMEOUT_S)", what,
-                                         timeout_s));
-            }
-            std::this_thread::sleep_for(std::chrono::microseconds(20));
+        const cudaError_t e = wait_event(ev, timeout_s);
+        if (e == cudaErrorNotReady) {
+            hung = true;
+            throw MinferError(strfmt("CUDA %s: the GPU did not finish within %g s (MINFER_GPU_TIMEOUT_S)", what,
+                                     timeout_s));
         }
+        if (e != cudaSuccess) throw MinferError(strfmt("CUDA %s: %s", what, cudaGetErrorString(e)));
     }
 };
 // Device memory freed on every path out of the entry points, unless their wait timed out (Waits).

@@ -70,6 +70,9 @@ struct Q8Act {             // rows of K activations in blocks of 32: q [rows][K]
 Q8Act q8_act(void* scratch, int rows, int64_t K);
 bool matvec_q8_supported(uint32_t type, int64_t K);
 size_t matvec_q8_scratch_bytes(int rows, int64_t K);
+// Whether matvec_q8's Q4_K rows of K values take the pipe kernel's whole-row build (at most two chunks a lane,
+// 2048 < K <= 4096), which asks for all its weights before its PDL wait (add_rmsnorm's rule reads it).
+bool matvec_q8_whole_row(int64_t K);
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s);
 // Whether matvec_q8 takes `a` with a.rope set (else: the projection, then rope_kv_store).
 bool matvec_q8_rope_fusable(const MatvecArgs& a);

@@ -450,6 +450,12 @@ int64_t chunks_a_lane(int64_t K) {
     return (K / 64 + step - 1) / step;
 }
 
+}  // namespace
+
+bool matvec_q8_whole_row(int64_t K) { return chunks_a_lane(K) == 2; }
+
+namespace {
+
 // Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
 // ones keep the block kernel unrolled by two: K = 18944 ran 13.7 -> 18.9 us here), every part Q4_K or Q6_K and
 // at least one Q4_K (MINFER_CUDA_MV_PIPE=all: Q6_K alone too).  MINFER_CUDA_MV_PIPE=0 keeps the block kernel
@@ -493,7 +499,7 @@ int pipe_ahead(int64_t blocks, int64_t K) {
         }
         throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole (or old), not '%s'", v));
     }
-    if (!old && n == 2) return kWholeRow;
+    if (!old && matvec_q8_whole_row(K)) return kWholeRow;
     return n >= 2 && blocks <= 4 * int64_t(sm_count()) ? 2 : 1;
 }
 
@@ -616,6 +622,22 @@ int stream_ahead(const MatvecArgs& a, int64_t groups) {
     return 2;
 }
 
+// How many blocks of a matvec build (32 * kMatvecWarps threads, smem bytes of dynamic shared memory) an SM holds:
+// asked of the runtime once a build and size, so a decode graph's capture asks nothing.
+int blocks_per_sm(const void* kernel, size_t smem) {
+    static std::mutex mu;
+    static std::map<std::pair<const void*, size_t>, int> known;
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = known.find({kernel, smem});
+    if (it != known.end()) return it->second;
+    int n = 0;
+    const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, 32 * kMatvecWarps, smem);
+    if (e != cudaSuccess || n < 1)
+        throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a matvec build (%s)", cudaGetErrorString(e)));
+    known[{kernel, smem}] = n;
+    return n;
+}
+
 // MINFER_CUDA_MV_SPREAD=1: a launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192 and more:
 // the downs) or of the pipe kernel's whole-row build (the 7B's O, gate/up and q/k/v without the rope epilogue)
 // deals its rows (gate/up pairs) evenly to whole waves of blocks -- as many waves as its 8 rows (4 pairs) a block
@@ -636,22 +658,7 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
         if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
         return 0;
     }
-    // blocks an SM of the build, asked once a build and shared memory size (a graph capture then asks nothing)
-    static std::mutex mu;
-    static std::map<std::pair<const void*, size_t>, int> occupancy;
-    int per_sm = 0;
-    {
-        std::lock_guard<std::mutex> lock(mu);
-        int& n = occupancy[{spread, smem}];
-        if (!n) {
-            const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, spread, 32 * kMatvecWarps, smem);
-            if (e != cudaSuccess || n < 1) {
-                n = 0;
-                throw MinferError(strfmt("CUDA matvec_q8: no occupancy for a spread launch (%s)", cudaGetErrorString(e)));
-            }
-        }
-        per_sm = n;
-    }
+    const int per_sm = blocks_per_sm(spread, smem);
     int64_t rows = 0;  // rows, or with swiglu gate/up pairs
     if (a.swiglu) rows = a.part[0].n_out;
     else
@@ -687,14 +694,7 @@ void launch_stream(const MatvecArgs& a, const XQ& x, int ahead, int64_t groups, 
     const Kernel k = q6           ? matvec_q8_stream_kernel<GGML_TYPE_Q6_K, 1>
                      : ahead == 2 ? matvec_q8_stream_kernel<GGML_TYPE_Q4_K, 2>
                                   : matvec_q8_stream_kernel<GGML_TYPE_Q4_K, 1>;
-    static int per_sm[2][3] = {};  // [q6][ahead]: blocks an SM holds, asked once
-    int& n = per_sm[q6][ahead];
-    if (!n) {
-        const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k, 32 * kMatvecWarps, 0);
-        if (e != cudaSuccess || n < 1)
-            throw MinferError(strfmt("CUDA matvec_q8: no occupancy for the stream kernel (%s)", cudaGetErrorString(e)));
-    }
-    const int64_t grid = std::min<int64_t>(groups, int64_t(n) * sm_count());
+    const int64_t grid = std::min<int64_t>(groups, int64_t(blocks_per_sm((const void*)k, 0)) * sm_count());
     launch("matvec_q8_stream", k, dim3(unsigned(grid)), dim3(32 * kMatvecWarps), 0, s, a, x);
 }
 

@@ -237,9 +237,10 @@ bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld
 
 // When decode's add + norm lets the next kernel -- a projection whose blocks ask for their weights before their
 // own wait -- launch: as it starts (release), or once its own wait is over (wait).  The rule waits before a q/k/v
-// projection of Q4_K rows of 2048 < K <= 4096, the pipe kernel's whole-row build (pipe_ahead), whose 576 blocks
-// (7B) ask for all 9.5 MB of their weights at once -- in the down's free block slots while the down runs, then as
-// its blocks leave -- and so slow the down and the norm's reads of its output that the whole layer waits for;
+// projection of Q4_K rows the pipe kernel's whole-row build takes (matvec_q8_whole_row: 2048 < K <= 4096), whose
+// 576 blocks (7B) ask for all 9.5 MB of their weights at once -- in the down's free block slots while the down
+// runs, then as its blocks leave -- and so slow the down and the norm's reads of its output that the whole layer
+// waits for;
 // everywhere else the norm releases first (the 7B Q8_0 layout's q/k/v projection, the warp kernel, asks for
 // nothing before its wait: not measured either way).  Measured (CUDA_NOTES runs 128-133, chained decode at 512 /
 // 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV, its downs 0.7 us a layer faster; the 1.5B (K =
@@ -249,7 +250,7 @@ bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld
 void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*, int64_t, const float*, int64_t, float*,
                                                                     int64_t, int, const float*, float, Q8Act) {
     const char* v = std::getenv("MINFER_CUDA_NORM_PDL");
-    bool wait = before_attention && q4k && cols > 2048 && cols <= 4096;
+    bool wait = before_attention && q4k && matvec_q8_whole_row(cols);
     if (v && *v && std::strcmp(v, "auto")) {
         const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn");
         const bool ffn = !std::strcmp(v, "wait-ffn");
@@ -287,8 +288,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 }
 
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention,
-                 bool q4k) {
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
