@@ -245,7 +245,8 @@ def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
 def test_spread_on_fused_parts(q15, rng, monkeypatch):
     """The spread build of the pipe kernel's whole-row build (MINFER_CUDA_MV_AHEAD=whole on the 1.5B's rows) on the
     launches of several parts: q, k and v (Q4_K, Q4_K, Q6_K: blocks straddle the parts) and gate and up with SwiGLU
-    (pairs dealt to the blocks) -- the bits of 8 rows (4 pairs) a block; =only shows both were spread."""
+    (pairs dealt to the blocks) -- the bits of 8 rows (4 pairs) a block; =only shows both were spread, and raises
+    for the one-chunk-ahead build these launches take by default (no spread build)."""
     m, s = q15
     x = rng.standard_normal((1, 1536)).astype(np.float32)
     L = "blk.5."
@@ -256,18 +257,25 @@ def test_spread_on_fused_parts(q15, rng, monkeypatch):
     monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
     for a, b in zip(base, s.run_ops("cuda", [x], nodes)):
         assert np.array_equal(a, b)
+    monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread"):
+        s.run_ops("cuda", [x], nodes)
 
 
 def test_spread_decode_is_bit_exact(rng, monkeypatch):
     """The 1.5B layout decodes to the same logits with MINFER_CUDA_MV_SPREAD=1 as without: its downs (Q4_K and
     Q6_K rows of 8960, the block kernel unrolled by two, 192 blocks of 8 rows where a wave holds 4 an SM) are
-    spread, graph replays included."""
+    spread, graph replays included.  (=only raises in the same decode: its launches read the lever, and its other
+    matvecs have no spread build.)"""
     model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
     base, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
     spread, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     assert np.array_equal(base, spread)
+    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: "):
+        forward(model, "cuda", prompt, 1, n_ctx=64)
 
 
 @pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
