@@ -3,7 +3,7 @@
 // matrix to overflow the 50 MB L2 (bench_cuda.py --kernels repeats one matrix, which the L2 holds for the
 // smaller shapes).  "warp" forces the warp-per-row kernel (MINFER_CUDA_MV=warp), "block" the rule among the
 // block and pipe kernels (MINFER_CUDA_MV=block), "ahead old" the same with the pipe kernel's rule before its
-// whole-row build (MINFER_CUDA_MV_AHEAD=old), "spread" the rule with MINFER_CUDA_MV_SPREAD=1; "max diff" is the
+// whole-row build (MINFER_CUDA_MV_AHEAD=old), "spread" the rule with MINFER_CUDA_MV_SPREAD=1 (every other row: 0); "max diff" is the
 // distance from the warp kernel's result (sums in another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
 // PROBE_SHAPES=<substring> runs only the shapes whose names contain it.  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
@@ -85,6 +85,7 @@ int main() {
             printf("%-28s %-10s %8.1f us %7.0f GB/s  (max diff %.2g of %.2g)\n", S.name, name, t[4] * 1e3,
                    bytes / (t[4] * 1e-3) / 1e9, md, mx);
         };
+        setenv("MINFER_CUDA_MV_SPREAD", "0", 1);
         setenv("MINFER_CUDA_MV", "warp", 1);
         matvec_q8(args(W, y0), scratch, true, 0);
         timeit("warp", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
@@ -108,10 +109,9 @@ int main() {
             }
         }
         unsetenv("MINFER_CUDA_MV_STREAM");
-        // one-wave launches' rows dealt evenly to a full wave of blocks (the 7B's downs and O projection)
+        // the unrolled block kernel's rows dealt evenly to whole waves of blocks (the 7B's downs)
         setenv("MINFER_CUDA_MV_SPREAD", "1", 1);
         timeit("spread", [&](const uint8_t* w, float* yy) { matvec_q8(args(w, yy), scratch, true, 0); });
-        unsetenv("MINFER_CUDA_MV_SPREAD");
         cudaError_t e = cudaGetLastError();
         if (e != cudaSuccess) printf("CUDA error %s\n", cudaGetErrorString(e));
         cudaFree(W); cudaFree(scratch); cudaFree(y); cudaFree(y0);

@@ -55,7 +55,7 @@ struct MatvecArgs {
     float* y = nullptr;
     int64_t ldy = 0;
     QkvRopeEpilogue rope;
-    // Read by the spread builds of the block and pipe kernels alone (matvec_q8's MINFER_CUDA_MV_SPREAD): the
+    // Read by the spread builds of the block kernel alone (matvec_q8's MINFER_CUDA_MV_SPREAD): the
     // launch's n rows dealt to its blocks, block g taking spread_q + (g < spread_r) of them (<= 8).
     int64_t spread_q = 0, spread_r = 0;
 };

@@ -322,15 +322,14 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // before the wait and no register holds a third: 48 registers, 5 blocks an SM.
 constexpr int kWholeRow = 3;
 
-// SPREAD (not with ROPE): rows dealt as block_row<true> says.
-template <int AHEAD, bool ROPE, bool SPREAD = false>
+template <int AHEAD, bool ROPE>
 __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2 ? 4 : 5)
     matvec_q4k_pipe_kernel(MatvecArgs a, XQ x) {
     extern __shared__ __align__(16) uint8_t xsm[];  // x.q (K bytes), then x.ds (K / 32 float2)
     __shared__ float sums[kMatvecWarps][kBlockRows];
     constexpr int half = kBlockRows / 2;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane / 8, r = lane % 8;
-    const WarpRow row = ROPE ? warp_row(a, rope_block_row(a.rope, r)) : block_row<SPREAD>(a, r);
+    const WarpRow row = ROPE ? warp_row(a, rope_block_row(a.rope, r)) : block_row(a, r);
     __shared__ double2 ang[ROPE ? kBlockRows : 1];
     __shared__ float vals[ROPE ? kBlockRows : 1];
     int pos = 0;
@@ -374,7 +373,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     if (k == 0) sums[warp][r] = acc;
     __syncthreads();
     if constexpr (ROPE) store_rope_rows(a, sums, ang, pos, vals);
-    else store_block_rows<SPREAD>(a, sums);
+    else store_block_rows(a, sums);
 }
 
 // The block kernel's layout (8 rows a block, four lanes a row in each warp, chunks dealt round-robin, x read
@@ -638,22 +637,31 @@ int blocks_per_sm(const void* kernel, size_t smem) {
     return n;
 }
 
-// MINFER_CUDA_MV_SPREAD=1: a launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192 and more:
-// the downs) or of the pipe kernel's whole-row build (the 7B's O, gate/up and q/k/v without the rope epilogue)
-// deals its rows (gate/up pairs) evenly to whole waves of blocks -- as many waves as its 8 rows (4 pairs) a block
-// take, each full -- instead of 8 a block, which leaves the last wave part-full: the 7B's downs are 448 blocks
-// where a wave is 528 (52 SMs run 4 of them, 80 run 3), its O 448 of 660, its gate/up 4736 = 7.2 waves of 660.
-// If what an SM can pull limits these kernels, the SMs with the most rows (or the last wave's few blocks) set
-// their length.  The same lanes and sums a row: the same bits.  Built as separate kernels (SPREAD), so the
-// default builds' code is unchanged.  0 (default): 8 rows a block; =only spreads as 1 does and raises for a
-// launch it cannot spread (the tests: each case shows it ran).  A/B lever, read per call; not measured yet
-// (CUDA_NOTES session 22).  spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
-int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
+// MINFER_CUDA_MV_SPREAD=auto|0|1|only: a launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192
+// and more: the downs; Q6_K rows of 2048 < K < 8192) deals its rows evenly to whole waves of blocks -- as many
+// waves as its 8 rows a block take, each full -- instead of 8 a block, which leaves the last wave part-full: the
+// 7B's downs are 448 blocks where a wave is 528 (52 SMs run 4 of them, 80 run 3).  The same lanes and sums a
+// row: the same bits.  Built as separate kernels (SPREAD), so the default builds' code is unchanged.  auto (the
+// default) spreads launches of at least half a wave of blocks (each block keeps 4-8 rows): measured (CUDA_NOTES
+// run 139, chained decode) the 7B's downs gained and the 1.5B's (192 blocks spread to 528 of ~3 rows) lost; the
+// pipe kernel's whole-row build spread the same way (the 7B's O and gate/up) lost 7 % (run 137) and has no
+// spread build.  1 spreads every launch it can, 0 none; =only spreads as 1 does and raises for a launch it
+// cannot spread (the tests: each case shows it ran).  Read per call (a captured graph keeps its choice).
+enum SpreadMode { kSpreadOff, kSpreadAuto, kSpreadOn, kSpreadOnly };
+SpreadMode spread_mode() {
     const char* v = lever("MINFER_CUDA_MV_SPREAD");
-    if (v && std::strcmp(v, "0") && std::strcmp(v, "1") && std::strcmp(v, "only"))
-        throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be 0, 1 or only, not '%s'", v));
-    if (!v || *v == '0') return 0;
-    const bool only = *v == 'o';
+    if (!v) return kSpreadAuto;
+    if (!std::strcmp(v, "0")) return kSpreadOff;
+    if (!std::strcmp(v, "1")) return kSpreadOn;
+    if (!std::strcmp(v, "only")) return kSpreadOnly;
+    throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be auto, 0, 1 or only, not '%s'", v));
+}
+
+// spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
+int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
+    const SpreadMode mode = spread_mode();
+    if (mode == kSpreadOff) return 0;
+    const bool only = mode == kSpreadOnly;
     if (!spread || a.rope.pos) {
         if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
         return 0;
@@ -671,19 +679,17 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
                                      (long long)grid, (long long)wave));
         return 0;
     }
+    if (mode == kSpreadAuto && 2 * grid < wave) return 0;
     a.spread_q = rows / blocks;
     a.spread_r = rows % blocks;
     return blocks;
 }
 
-// The spread builds of the block and pipe kernels (spread_grid), or null for a build that has none.
+// The spread builds of the block kernel (spread_grid), or null for a build that has none.
 BlockKernel block_kernel_spread(BlockKernel k) {
     if (k == matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2>) return matvec_q8_block_kernel<GGML_TYPE_Q6_K, 2, true>;
     if (k == matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2>) return matvec_q8_block_kernel<GGML_TYPE_Q4_K, 2, true>;
     return nullptr;
-}
-MatvecKernel pipe_kernel_spread(int ahead) {
-    return ahead == kWholeRow ? matvec_q4k_pipe_kernel<kWholeRow, false, true> : nullptr;
 }
 
 // The stream kernel's build and its grid: one wave of blocks (as many as fit an SM, times the SMs), or one block
@@ -790,14 +796,11 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         if (const int ahead = forced && stage != kStageOff ? 0 : stream_ahead(a, grid.x))
             launch_stream(a, xq, ahead, grid.x, s);
         else if (!(forced && stage != kStageOff) && pipe_kernel_for(a)) {  // where it applies, in place of staging
+            if (spread_mode() == kSpreadOnly)
+                throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
             const int ahead = pipe_ahead(grid.x, a.K);
-            const size_t xs = size_t(a.K + a.K / 4);
-            MatvecArgs b = a;
-            const MatvecKernel sk = pipe_kernel_spread(ahead);
-            if (const int64_t g = spread_grid(b, (const void*)sk, xs, grid.x))
-                launch("matvec_q8", sk, dim3(unsigned(g)), dim3(32 * kMatvecWarps), xs, s, b, xq);
-            else
-                launch("matvec_q8", pipe_kernel<false>(ahead), grid, dim3(32 * kMatvecWarps), xs, s, a, xq);
+            launch("matvec_q8", pipe_kernel<false>(ahead), grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a,
+                   xq);
         } else {
             const BlockKernel k = block_kernel_build(a);
             MatvecArgs b = a;

@@ -105,39 +105,38 @@ __device__ __forceinline__ int spread4(uint32_t b4) {
 template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q6_K ? 64 : 32; }
 
 // How a Q6_K chunk is read and offset: its ql and qh 16 bytes of each at a time (kQ6Words: fewer registers live)
-// or all 64 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
+// or all 48 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
 // 32 taken off by dp4a (kMinus32).
 enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
 
 // Where Q6_K chunk c of a row lies (the device layout, q6k_layout.cuh): sub-blocks j and j + 2 of super-block
-// c / 4 (j = 4 half + kk, kk in {0, 1}) share 32 bytes of ql (low and high nibbles) and 32 of qh (bits 2kk and
-// 2kk + 4), each run 16-byte aligned; sa and sb: the byte offsets in the block of the two scale pairs.
+// c / 4 (j = 4 half + kk, kk in {0, 1}) share 32 bytes of ql (low and high nibbles); their high bits are the
+// chunk's own 16 bytes of qh', their four scales one 32-bit word (sc), d the block's; ql and qh' 16-byte aligned.
 struct Q6kAt {
     const uint8_t* b;
     const uint4 *ql, *qh;
-    int kk, sub, sa, sb;
+    int sub, sc, d;
 };
 
 __device__ __forceinline__ Q6kAt q6k_at(const uint8_t* __restrict__ row, int c) {
     const int64_t blk = c / 4;
     const uint8_t* b = row + blk * 210;
-    const int pre = q6k_pre(blk), half = (c % 4) / 2, kk = c % 2, j = 4 * half + kk;
-    return Q6kAt{b, (const uint4*)(b + pre + half * 64 + kk * 32), (const uint4*)(b + pre + 128 + half * 32), kk,
-                 int(blk) * 8 + j, q6k_s(2 * j, pre), q6k_s(2 * j + 4, pre)};
+    const int pre = q6k_pre(blk), c4 = c % 4, j = 4 * (c4 / 2) + c4 % 2;
+    return Q6kAt{b, (const uint4*)(b + pre + 32 * c4), (const uint4*)(b + pre + 128 + 16 * c4), int(blk) * 8 + j,
+                 q6k_sc(c4, pre), q6k_d(pre)};
 }
 
-// Half h of a Q6_K chunk (16 bytes of its ql, L, and of its qh, H) dotted with the x of sub-blocks j (xs) and
-// j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else byte-wise
-// (minus32_bytes): the same integers.
+// Half h of a Q6_K chunk (16 bytes of its ql, L, and its 16 bytes of qh', H) dotted with the x of sub-blocks j
+// (xs) and j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else
+// byte-wise (minus32_bytes): the same integers.
 template <bool DP4A_32>
-__device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t* __restrict__ xs, int h,
-                                         int (&s)[4]) {
+__device__ __forceinline__ void q6k_half(uint4 L, uint4 H, const int8_t* __restrict__ xs, int h, int (&s)[4]) {
     const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
     const int4 xa = ((const int4*)xs)[h], xb = ((const int4*)xs)[4 + h];  // sub-blocks j and j + 2
     const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        const uint32_t qs = qh[i] >> (2 * kk);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
+        const uint32_t qs = qh[i] >> (2 * h);  // bits 0-1 of each byte: lo's top two, bits 4-5: hi's
         const uint32_t lo = (ql[i] & 0x0f0f0f0fu) | ((qs << 4) & 0x30303030u);
         const uint32_t hi = ((ql[i] >> 4) & 0x0f0f0f0fu) | (qs & 0x30303030u);
         if constexpr (DP4A_32) {
@@ -150,11 +149,12 @@ __device__ __forceinline__ void q6k_half(uint4 L, uint4 H, int kk, const int8_t*
     }
 }
 
-// The chunk's value from its four integer sums: sa, sb the scale pairs of sub-blocks j and j + 2, d the block's.
-__device__ __forceinline__ float q6k_scale(uint32_t sa, uint32_t sb, float d, int sub, const float2* __restrict__ ds,
+// The chunk's value from its four integer sums: sc its four int8 scales (sub-block j's two, j + 2's two), d the
+// block's.
+__device__ __forceinline__ float q6k_scale(uint32_t sc, float d, int sub, const float2* __restrict__ ds,
                                            const int (&s)[4]) {
-    return d * (ds[sub].x * (float(int8_t(sa & 0xff)) * float(s[0]) + float(int8_t(sa >> 8)) * float(s[1])) +
-                ds[sub + 2].x * (float(int8_t(sb & 0xff)) * float(s[2]) + float(int8_t(sb >> 8)) * float(s[3])));
+    return d * (ds[sub].x * (float(int8_t(sc & 0xff)) * float(s[0]) + float(int8_t(sc >> 8)) * float(s[1])) +
+                ds[sub + 2].x * (float(int8_t(sc >> 16)) * float(s[2]) + float(int8_t(sc >> 24)) * float(s[3])));
 }
 
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
@@ -201,18 +201,17 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
         return q4k_dot(q4k_load(row, c), c, xq, ds);
     } else {
         // Q6_K (the device layout, q6k_layout.cuh): chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half
-        // + kk, kk in {0, 1}): the low and the high nibbles of the same 32 bytes of ql, with bits 2kk and 2kk + 4
-        // of the same 32 bytes of qh, each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
+        // + kk, kk in {0, 1}): the low and the high nibbles of the same 32 bytes of ql, with the chunk's 16 bytes of
+        // qh' (two bits of each value), each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
         const Q6kAt at = q6k_at(row, c);
         int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
-        uint4 ql2[2], qh2[2];
-        if constexpr (Q6 != kQ6Words) ql2[0] = at.ql[0], ql2[1] = at.ql[1], qh2[0] = at.qh[0], qh2[1] = at.qh[1];
+        uint4 ql2[2];
+        if constexpr (Q6 != kQ6Words) ql2[0] = at.ql[0], ql2[1] = at.ql[1];
+        const uint4 qh = *at.qh;
 #pragma unroll
-        for (int h = 0; h < 2; h++)  // 16 bytes of ql and qh at a time
-            q6k_half<Q6 == kQ6WideDp4a>(Q6 != kQ6Words ? ql2[h] : at.ql[h], Q6 != kQ6Words ? qh2[h] : at.qh[h], at.kk,
-                                        xq + at.sub * 32, h, s);
-        return q6k_scale(*(const uint16_t*)(at.b + at.sa), *(const uint16_t*)(at.b + at.sb), f16_at(at.b + 208),
-                         at.sub, ds, s);
+        for (int h = 0; h < 2; h++)  // 16 bytes of ql at a time
+            q6k_half<Q6 == kQ6WideDp4a>(Q6 != kQ6Words ? ql2[h] : at.ql[h], qh, xq + at.sub * 32, h, s);
+        return q6k_scale(*(const uint32_t*)(at.b + at.sc), f16_at(at.b + at.d), at.sub, ds, s);
     }
 }
 
@@ -240,28 +239,28 @@ template <> struct Stream<GGML_TYPE_Q4_K> {
 template <> struct Stream<GGML_TYPE_Q6_K> {
     static constexpr int kBytes = 210;
     struct Chunk {
-        uint4 ql[2], qh[2];
-        uint32_t sa, sb, d;
+        uint4 ql[2], qh;
+        uint32_t sc, d;
     };
-    // byte offsets in the super-block; kk, j as in q6k_at, whose arithmetic this repeats: computing q6k_at from
+    // byte offsets in the super-block and j, as in q6k_at, whose arithmetic this repeats: computing q6k_at from
     // a shared helper changed the SASS of 12 of the 25 matvec kernels (the 7B's Q6_K builds among them), which
     // could not be re-timed, so the two stay apart -- change both together
-    struct Lane { int ql, qh, sa, sb, kk, j; };
+    struct Lane { int ql, qh, sc, d, j; };
     static __device__ __forceinline__ Lane lane(int c0) {
-        const int pre = q6k_pre(c0 / 4), half = (c0 % 4) / 2, kk = c0 % 2, j = 4 * half + kk;
-        return Lane{pre + half * 64 + kk * 32, pre + 128 + half * 32, q6k_s(2 * j, pre), q6k_s(2 * j + 4, pre), kk, j};
+        const int pre = q6k_pre(c0 / 4), c4 = c0 % 4, j = 4 * (c4 / 2) + c4 % 2;
+        return Lane{pre + 32 * c4, pre + 128 + 16 * c4, q6k_sc(c4, pre), q6k_d(pre), j};
     }
     static __device__ __forceinline__ Chunk load(const uint8_t* __restrict__ b, const Lane& L) {
-        const uint4 *ql = (const uint4*)(b + L.ql), *qh = (const uint4*)(b + L.qh);
-        return Chunk{{ql[0], ql[1]}, {qh[0], qh[1]}, *(const uint16_t*)(b + L.sa), *(const uint16_t*)(b + L.sb),
-                     *(const uint16_t*)(b + 208)};
+        const uint4* ql = (const uint4*)(b + L.ql);
+        return Chunk{{ql[0], ql[1]}, *(const uint4*)(b + L.qh), *(const uint32_t*)(b + L.sc),
+                     *(const uint16_t*)(b + L.d)};
     }
     static __device__ __forceinline__ float dot(const Chunk& w, int c, const Lane& L, const XQ& x) {
         const int sub = (c / 4) * 8 + L.j;
         int s[4] = {0, 0, 0, 0};
 #pragma unroll
-        for (int h = 0; h < 2; h++) q6k_half<true>(w.ql[h], w.qh[h], L.kk, x.q + sub * 32, h, s);
-        return q6k_scale(w.sa, w.sb, h2f(w.d), sub, x.ds, s);
+        for (int h = 0; h < 2; h++) q6k_half<true>(w.ql[h], w.qh, x.q + sub * 32, h, s);
+        return q6k_scale(w.sc, h2f(w.d), sub, x.ds, s);
     }
 };
 
