@@ -40,6 +40,23 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int6
     quantize_lane(x[r * ldx + b * 32 + lane], q + r * K + b * 32 + lane, ds + r * (K / 32) + b);
 }
 
+// A lane's Q6_K chunks c, c + step, ... (step % 32 == 0: each keeps its place in the super-block, as Stream's)
+// walked from one block pointer with the lane's offsets: the Q6_K rows of the kernels built for several types at
+// the 40-register cap -- the pipe kernel (the V rows of some layers' QKV) and the warp kernel's mixed-type build
+// -- where chunk_dot's per-chunk addresses spilled, the sums of the other types' loops among them (the pipe
+// kernel's one-chunk-ahead build: 28 bytes, in the 1.5B's QKV and gate/up: CUDA_NOTES run 140).  The same sums
+// in the same order as lane_chunks and row_dots.
+__device__ __forceinline__ float q6k_lane_walk(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
+    using S = Stream<GGML_TYPE_Q6_K>;
+    const S::Lane L = S::lane(c);
+    const int chunks = int(x.K / 64);
+    const uint8_t* b = row + int64_t(c / 4) * S::kBytes;
+    float acc = 0.0f;
+#pragma unroll 1
+    for (; c < chunks; c += step, b += (step / 4) * S::kBytes) acc += S::dot(S::load(b, L), c, L, x);
+    return acc;
+}
+
 // NR: the activation rows the code is built for (1: decode's usual case, with a fraction of the registers of
 // kR, so more warps fit per SM); n_rows <= NR of them are used.
 template <int T, int NR>
@@ -60,7 +77,10 @@ __device__ __forceinline__ void row_dots_any(uint32_t type, const uint8_t* row, 
         case GGML_TYPE_Q5_0: return row_dots<GGML_TYPE_Q5_0, NR>(row, x, n_rows, lane, acc);
         case GGML_TYPE_Q8_0: return row_dots<GGML_TYPE_Q8_0, NR>(row, x, n_rows, lane, acc);
         case GGML_TYPE_Q4_K: return row_dots<GGML_TYPE_Q4_K, NR>(row, x, n_rows, lane, acc);
-        case GGML_TYPE_Q6_K: return row_dots<GGML_TYPE_Q6_K, NR>(row, x, n_rows, lane, acc);
+        case GGML_TYPE_Q6_K:
+            if constexpr (NR == 1) acc[0] += q6k_lane_walk(row, x, lane, 32);  // fewer registers (above)
+            else row_dots<GGML_TYPE_Q6_K, NR>(row, x, n_rows, lane, acc);
+            return;
         default: return;
     }
 }
@@ -356,7 +376,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     for (int i = threadIdx.x; i < int(x.K / 64); i += blockDim.x) ((uint4*)dsm)[i] = ((const uint4*)x.ds)[i];
     __syncthreads();
     float acc = 0.0f;
-    if (row.live && !q4k) acc = lane_chunks<GGML_TYPE_Q6_K, 1>(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
+    if (row.live && !q4k) acc = q6k_lane_walk(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
     else if (row.live && AHEAD == kWholeRow) {  // the loop's two steps, in its order (the same bits)
         if (c < chunks) acc += q4k_dot(cur, c, (const int8_t*)xsm, (const float2*)dsm);
         if (c + step < chunks) acc += q4k_dot(nxt, c + step, (const int8_t*)xsm, (const float2*)dsm);
