@@ -613,14 +613,17 @@ int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
 // stream keeps the next row's chunk in flight (the 1.5B's vocabulary from DRAM 78 -> 67 us, CUDA_NOTES run 125).
 // Where lanes have two chunks or more the block kernel unrolled by two was faster (the 7B's vocabulary 127 -> 134
 // us, its downs: Q6_K 19.0 -> 20.5, Q4_K 13.9 -> 14.0-14.6): it has two chunks in flight, the stream one (two
-// would spill at the 64-register cap of four blocks an SM).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in
-// registers), 1 for Q6_K (76).  MINFER_CUDA_MV_STREAM=0 keeps the block kernel, =only takes every launch the
-// stream kernel can and raises on one it cannot (A/B and test levers, read per call); MINFER_CUDA_MV_STREAM_AHEAD=
-// 1|2 forces Q4_K's distance.
+// would spill at the 64-register cap of four blocks an SM) -- except for Q6_K vocabularies of two chunks a lane
+// since the chunk layout (q6k_layout.cuh: a chunk in 48 bytes of registers, not 76): the 7B's from DRAM 122.8 ->
+// 119.1 us (CUDA_NOTES run 139; e2e run 141).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in registers), 1 for Q6_K.
+// MINFER_CUDA_MV_STREAM=0 keeps the block kernel, =only takes every launch the stream kernel can and raises on
+// one it cannot (A/B and test levers, read per call); MINFER_CUDA_MV_STREAM_AHEAD=1|2 forces Q4_K's distance.
 int stream_ahead(const MatvecArgs& a, int64_t groups) {
     const uint32_t t = a.part[0].type;
     const bool can = a.n_rows == 1 && !a.swiglu && a.n_parts == 1 && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K);
-    bool take = can && groups > 8 * 4 * int64_t(sm_count()) && chunks_a_lane(a.K) == 1;
+    const int per_lane = chunks_a_lane(a.K);
+    bool take = can && groups > 8 * 4 * int64_t(sm_count()) &&
+                (per_lane == 1 || (t == GGML_TYPE_Q6_K && per_lane == 2));
     if (const char* v = lever("MINFER_CUDA_MV_STREAM")) {
         if (!std::strcmp(v, "0")) take = false;
         else if (!std::strcmp(v, "only")) {
