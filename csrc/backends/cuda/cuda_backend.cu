@@ -203,7 +203,7 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     check(cudaHostGetDevicePointer((void**)&chain_dev_, chain_host_, 0), "mapping the chain's results");
 
     // Weights: one arena, each tensor 256-byte aligned, its rows as the device lays them (cuda::lay_rows: Q6_K's
-    // padded and rotated, q6k_layout.cuh; every other type as in the file).
+    // padded and re-laid, q6k_layout.cuh; every other type as in the file).
     auto dev_bytes = [](const Weight& w) {
         return type_supported(w.type) ? size_t(w.rows()) * size_t(cuda::row_bytes(w.type, w.cols())) : w.nbytes;
     };

@@ -12,7 +12,7 @@
 
 namespace minfer::cuda {
 
-// Sizes of a block in bytes and values, per type (ggml's layouts; Q6_K's blocks are rotated on the device, and
+// Sizes of a block in bytes and values, per type (ggml's layouts; Q6_K's blocks are re-laid on the device, and
 // its rows padded to 16 bytes: q6k_layout.cuh).
 template <int T> struct Block;
 template <> struct Block<GGML_TYPE_F32>  { static constexpr int bytes = 4,   values = 1; };
