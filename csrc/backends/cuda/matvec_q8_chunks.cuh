@@ -104,8 +104,8 @@ __device__ __forceinline__ int spread4(uint32_t b4) {
 
 template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T == GGML_TYPE_Q6_K ? 64 : 32; }
 
-// How a Q6_K chunk is read and offset: its ql and qh 16 bytes of each at a time (kQ6Words: fewer registers live)
-// or all 48 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
+// How a Q6_K chunk is read and offset: its qh' first, then its ql 16 bytes at a time (kQ6Words: fewer registers
+// live), or all 48 bytes first (kQ6Wide), the 32 subtracted byte-wise (minus32_bytes); kQ6WideDp4a: all first, and the
 // 32 taken off by dp4a (kMinus32).
 enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
 
