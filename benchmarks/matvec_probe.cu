@@ -3,8 +3,9 @@
 // matrix to overflow the 50 MB L2 (bench_cuda.py --kernels repeats one matrix, which the L2 holds for the
 // smaller shapes).  "warp" forces the warp-per-row kernel (MINFER_CUDA_MV=warp), "block" the rule among the
 // block and pipe kernels (MINFER_CUDA_MV=block), "ahead old" the same with the pipe kernel's rule before its
-// whole-row build (MINFER_CUDA_MV_AHEAD=old), "spread" the rule with MINFER_CUDA_MV_SPREAD=1 (every other row: 0); "max diff" is the
-// distance from the warp kernel's result (sums in another order).  Earlier variants (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
+// whole-row build (MINFER_CUDA_MV_AHEAD=old), "spread" the rule with MINFER_CUDA_MV_SPREAD=1 (every other row:
+// 0); "max diff" is the distance from the warp kernel's result (sums in another order).  Earlier variants
+// (staging, MINFER_CUDA_MV_PIPE=all) are levers still: see CUDA_NOTES.
 // PROBE_SHAPES=<substring> runs only the shapes whose names contain it.  Built and run on the GPU machine:
 //   nvcc -O3 -arch=sm_90 -std=c++17 --expt-relaxed-constexpr -Icsrc -o /tmp/matvec_probe \
 //        benchmarks/matvec_probe.cu csrc/backends/cuda/matvec.cu csrc/common/error.cpp csrc/quant/types.cpp &&

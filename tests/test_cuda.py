@@ -265,8 +265,8 @@ def test_spread_not_on_fused_parts(q15, rng, monkeypatch):
 def test_spread_decode_is_bit_exact(rng, monkeypatch):
     """The 1.5B layout decodes to the same logits with MINFER_CUDA_MV_SPREAD=1 as with 0: its downs (Q4_K and
     Q6_K rows of 8960, the block kernel unrolled by two, 192 blocks of 8 rows where a wave holds 4 an SM; auto
-    leaves them, under half a wave) are spread, graph replays included.  (=only raises in the same decode: its launches read the lever, and its other
-    matvecs have no spread build.)"""
+    leaves them, under half a wave) are spread, graph replays included.  (=only raises in the same decode: its
+    launches read the lever, and its other matvecs have no spread build.)"""
     model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
     monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "0")
@@ -286,9 +286,9 @@ def test_stream_matvec(rng, monkeypatch, wtype, n, k):
     """The stream kernel -- the block kernel's rows and lanes, each lane's chunks loaded ahead of the one it
     computes and the stream running on across a block's groups of 8 rows -- gives the block kernel's bits.  The
     rule takes vocabulary-like launches (more groups than 8 waves of blocks: the grid is smaller than the groups,
-    so every block walks several) with one chunk a lane, or two of Q6_K (the 36000 x 3584 case); MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane
-    walks 9-10 chunks), two chunks a lane, short rows and a last group of 3-7 rows, and raises where it cannot run,
-    so each case shows it ran.  Within the float64 bound; bad lever values are errors."""
+    so every block walks several) with one chunk a lane, or two of Q6_K (the 36000 x 3584 case);
+    MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane walks 9-10 chunks), two chunks a lane, short rows and
+    a last group of 3-7 rows, and raises where it cannot run, so each case shows it ran.  Within the float64 bound; bad lever values are errors."""
     t, w, x, block = block_kernel_case(rng, monkeypatch, wtype, n, k)
     monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "auto")
     assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)

@@ -615,7 +615,8 @@ int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
 // us, its downs: Q6_K 19.0 -> 20.5, Q4_K 13.9 -> 14.0-14.6): it has two chunks in flight, the stream one (two
 // would spill at the 64-register cap of four blocks an SM) -- except for Q6_K vocabularies of two chunks a lane
 // since the chunk layout (q6k_layout.cuh: a chunk in 48 bytes of registers, not 76): the 7B's from DRAM 122.8 ->
-// 119.1 us (CUDA_NOTES run 139; e2e run 141).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in registers), 1 for Q6_K.
+// 119.1 us (CUDA_NOTES run 139; e2e run 141).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in registers), 1 for
+// Q6_K.
 // MINFER_CUDA_MV_STREAM=0 keeps the block kernel, =only takes every launch the stream kernel can and raises on
 // one it cannot (A/B and test levers, read per call); MINFER_CUDA_MV_STREAM_AHEAD=1|2 forces Q4_K's distance.
 int stream_ahead(const MatvecArgs& a, int64_t groups) {
@@ -680,13 +681,18 @@ SpreadMode spread_mode() {
     throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be auto, 0, 1 or only, not '%s'", v));
 }
 
+// A launch whose kernel has no spread build: =only says so (how the tests show that a launch was spread).
+void no_spread_build(SpreadMode mode) {
+    if (mode == kSpreadOnly) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
+}
+
 // spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
 int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
     const SpreadMode mode = spread_mode();
     if (mode == kSpreadOff) return 0;
     const bool only = mode == kSpreadOnly;
     if (!spread || a.rope.pos) {
-        if (only) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
+        no_spread_build(mode);
         return 0;
     }
     const int per_sm = blocks_per_sm(spread, smem);
@@ -819,8 +825,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         if (const int ahead = forced && stage != kStageOff ? 0 : stream_ahead(a, grid.x))
             launch_stream(a, xq, ahead, grid.x, s);
         else if (!(forced && stage != kStageOff) && pipe_kernel_for(a)) {  // where it applies, in place of staging
-            if (spread_mode() == kSpreadOnly)
-                throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
+            no_spread_build(spread_mode());
             const int ahead = pipe_ahead(grid.x, a.K);
             launch("matvec_q8", pipe_kernel<false>(ahead), grid, dim3(32 * kMatvecWarps), size_t(a.K + a.K / 4), s, a,
                    xq);
