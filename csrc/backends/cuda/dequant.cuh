@@ -99,18 +99,18 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
                 y[i] = __fsub_rn(__fmul_rn(dl, float(v)), ml);
             }
         } else if constexpr (T == GGML_TYPE_Q6_K) {  // the device layout (q6k_layout.cuh): block j / QV re-laid
-            // values e..e + 7 of sub-block k of a half: chunk c4's ql bytes m0.., its qh' bytes m0 % 16.., the
-            // high bits at 2 (m0 / 16) + 4 (k / 2); the scale at 2 (k / 2) + (e / 16) % 2 of the chunk's four
-            const int half = e / 128, k = (e / 32) % 4, m0 = e % 32, pre = q6k_pre(j / QV), c4 = 2 * half + k % 2;
+            // values e..e + 7 of sub-block sub = 2g + hi (chunk g): nibble hi of ql' bytes 32g + m0.., the high
+            // bits at 2 (m0 / 16) + 4 hi of qh' bytes 16g + m0 % 16..; the scale (e / 16) % 4 of the chunk's four
+            const int sub = e / 32, g = sub / 2, hi = sub % 2, m0 = e % 32, pre = q6k_pre(j / QV);
             const float d = f16_at(b + q6k_d(pre));
-            const uint8_t* ql = b + pre + 32 * c4 + m0;
-            const uint8_t* qh = b + pre + 128 + 16 * c4 + m0 % 16;
-            const int hs = 2 * (m0 / 16) + 4 * (k / 2);
-            const float dl = __fmul_rn(d, float(int8_t(b[q6k_sc(c4, pre) + 2 * (k / 2) + (e / 16) % 2])));
+            const uint8_t* ql = b + pre + 32 * g + m0;
+            const uint8_t* qh = b + pre + 128 + 16 * g + m0 % 16;
+            const int hs = 2 * (m0 / 16) + 4 * hi;
+            const float dl = __fmul_rn(d, float(int8_t(b[q6k_sc(g, pre) + (e / 16) % 4])));
 #pragma unroll
             for (int i = 0; i < 8; i++) {
-                int lo = (ql[i] >> (4 * (k / 2))) & 0xf, hi = (qh[i] >> hs) & 3;
-                y[i] = __fmul_rn(dl, float((lo | hi << 4) - 32));
+                int lo = (ql[i] >> (4 * hi)) & 0xf, h2 = (qh[i] >> hs) & 3;
+                y[i] = __fmul_rn(dl, float((lo | h2 << 4) - 32));
             }
         }
     }

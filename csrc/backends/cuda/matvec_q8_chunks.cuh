@@ -109,9 +109,9 @@ template <int T> constexpr int chunk_values() { return T == GGML_TYPE_Q4_K || T 
 // 32 taken off by dp4a (kMinus32).
 enum : int { kQ6Words = 0, kQ6Wide = 1, kQ6WideDp4a = 2 };
 
-// Where Q6_K chunk c of a row lies (the device layout, q6k_layout.cuh): sub-blocks j and j + 2 of super-block
-// c / 4 (j = 4 half + kk, kk in {0, 1}) share 32 bytes of ql (low and high nibbles); their high bits are the
-// chunk's own 16 bytes of qh', their four scales one 32-bit word (sc), d the block's; ql and qh' 16-byte aligned.
+// Where Q6_K chunk c of a row lies (the device layout, q6k_layout.cuh): sub-blocks 2g and 2g + 1 of super-block
+// c / 4 (g = c % 4) share 32 bytes of ql' (low and high nibbles); their high bits are the chunk's own 16 bytes of
+// qh', their four scales one 32-bit word (sc), d the block's; ql' and qh' 16-byte aligned.
 struct Q6kAt {
     const uint8_t* b;
     const uint4 *ql, *qh;
@@ -121,18 +121,18 @@ struct Q6kAt {
 __device__ __forceinline__ Q6kAt q6k_at(const uint8_t* __restrict__ row, int c) {
     const int64_t blk = c / 4;
     const uint8_t* b = row + blk * 210;
-    const int pre = q6k_pre(blk), c4 = c % 4, j = 4 * (c4 / 2) + c4 % 2;
-    return Q6kAt{b, (const uint4*)(b + pre + 32 * c4), (const uint4*)(b + pre + 128 + 16 * c4), int(blk) * 8 + j,
-                 q6k_sc(c4, pre), q6k_d(pre)};
+    const int pre = q6k_pre(blk), g = c % 4;
+    return Q6kAt{b, (const uint4*)(b + pre + 32 * g), (const uint4*)(b + pre + 128 + 16 * g), int(blk) * 8 + 2 * g,
+                 q6k_sc(g, pre), q6k_d(pre)};
 }
 
-// Half h of a Q6_K chunk (16 bytes of its ql, L, and its 16 bytes of qh', H) dotted with the x of sub-blocks j
-// (xs) and j + 2 (xs + 64) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32), else
-// byte-wise (minus32_bytes): the same integers.
+// Half h of a Q6_K chunk (16 bytes of its ql', L, and its 16 bytes of qh', H) dotted with the x of sub-blocks
+// 2g (xs) and 2g + 1 (xs + 32) into s[h] and s[2 + h].  DP4A_32: the 32 taken off by a dp4a of x (kMinus32),
+// else byte-wise (minus32_bytes): the same integers.
 template <bool DP4A_32>
 __device__ __forceinline__ void q6k_half(uint4 L, uint4 H, const int8_t* __restrict__ xs, int h, int (&s)[4]) {
     const uint32_t ql[4] = {L.x, L.y, L.z, L.w}, qh[4] = {H.x, H.y, H.z, H.w};
-    const int4 xa = ((const int4*)xs)[h], xb = ((const int4*)xs)[4 + h];  // sub-blocks j and j + 2
+    const int4 xa = ((const int4*)xs)[h], xb = ((const int4*)xs)[2 + h];  // sub-blocks 2g and 2g + 1
     const int xl[4] = {xa.x, xa.y, xa.z, xa.w}, xh[4] = {xb.x, xb.y, xb.z, xb.w};
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -149,12 +149,13 @@ __device__ __forceinline__ void q6k_half(uint4 L, uint4 H, const int8_t* __restr
     }
 }
 
-// The chunk's value from its four integer sums: sc its four int8 scales (sub-block j's two, j + 2's two), d the
-// block's.
+// The chunk's value from its four integer sums: sc its four int8 scales (sub-block 2g's two, 2g + 1's two), d
+// the block's; the x scales of both sub-blocks (sub = 2g: even) are one aligned float4.
 __device__ __forceinline__ float q6k_scale(uint32_t sc, float d, int sub, const float2* __restrict__ ds,
                                            const int (&s)[4]) {
-    return d * (ds[sub].x * (float(int8_t(sc & 0xff)) * float(s[0]) + float(int8_t(sc >> 8)) * float(s[1])) +
-                ds[sub + 2].x * (float(int8_t(sc >> 16)) * float(s[2]) + float(int8_t(sc >> 24)) * float(s[3])));
+    const float4 xd = *(const float4*)(ds + sub);
+    return d * (xd.x * (float(int8_t(sc & 0xff)) * float(s[0]) + float(int8_t(sc >> 8)) * float(s[1])) +
+                xd.z * (float(int8_t(sc >> 16)) * float(s[2]) + float(int8_t(sc >> 24)) * float(s[3])));
 }
 
 // Chunk c of a weight row dotted with x (xq: the row's int8 values, ds: its block scales).
@@ -200,11 +201,11 @@ __device__ __forceinline__ float chunk_dot(const uint8_t* __restrict__ row, int 
     } else if constexpr (T == GGML_TYPE_Q4_K) {
         return q4k_dot(q4k_load(row, c), c, xq, ds);
     } else {
-        // Q6_K (the device layout, q6k_layout.cuh): chunk = sub-blocks j and j + 2 of super-block c / 4 (j = 4 half
-        // + kk, kk in {0, 1}): the low and the high nibbles of the same 32 bytes of ql, with the chunk's 16 bytes of
-        // qh' (two bits of each value), each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
+        // Q6_K (the device layout, q6k_layout.cuh): chunk = sub-blocks 2g and 2g + 1 of super-block c / 4 (g = c %
+        // 4): the low and the high nibbles of the same 32 bytes of ql', with the chunk's 16 bytes of qh' (two bits
+        // of each value), each run 16-byte aligned; w = d * sc * (q - 32), one int8 scale per 16 values.
         const Q6kAt at = q6k_at(row, c);
-        int s[4] = {0, 0, 0, 0};  // (j, values 0-15), (j, 16-31), (j + 2, 0-15), (j + 2, 16-31)
+        int s[4] = {0, 0, 0, 0};  // (2g, values 0-15), (2g, 16-31), (2g + 1, 0-15), (2g + 1, 16-31)
         uint4 ql2[2];
         if constexpr (Q6 != kQ6Words) ql2[0] = at.ql[0], ql2[1] = at.ql[1];
         const uint4 qh = *at.qh;
@@ -242,13 +243,13 @@ template <> struct Stream<GGML_TYPE_Q6_K> {
         uint4 ql[2], qh;
         uint32_t sc, d;
     };
-    // byte offsets in the super-block and j, as in q6k_at, whose arithmetic this repeats: computing q6k_at from
-    // a shared helper changed the SASS of 12 of the 25 matvec kernels (the 7B's Q6_K builds among them), which
-    // could not be re-timed, so the two stay apart -- change both together
+    // byte offsets in the super-block and the first sub-block j = 2g, as in q6k_at, whose arithmetic this
+    // repeats: computing q6k_at from a shared helper changed the SASS of 12 of the 25 matvec kernels (the 7B's
+    // Q6_K builds among them), which could not be re-timed, so the two stay apart -- change both together
     struct Lane { int ql, qh, sc, d, j; };
     static __device__ __forceinline__ Lane lane(int c0) {
-        const int pre = q6k_pre(c0 / 4), c4 = c0 % 4, j = 4 * (c4 / 2) + c4 % 2;
-        return Lane{pre + 32 * c4, pre + 128 + 16 * c4, q6k_sc(c4, pre), q6k_d(pre), j};
+        const int pre = q6k_pre(c0 / 4), g = c0 % 4;
+        return Lane{pre + 32 * g, pre + 128 + 16 * g, q6k_sc(g, pre), q6k_d(pre), 2 * g};
     }
     static __device__ __forceinline__ Chunk load(const uint8_t* __restrict__ b, const Lane& L) {
         const uint4* ql = (const uint4*)(b + L.ql);

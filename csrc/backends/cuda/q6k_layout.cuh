@@ -1,13 +1,15 @@
 // How Q6_K weights lie in device memory.  A GGUF Q6_K block is 210 bytes -- ql[128] (low 4 bits), qh[64]
 // (high 2 bits), scales[16] (int8), d (f16) -- packed, so in a row block b starts 2b mod 16 bytes off the
-// 16-byte grid.  The upload (q6k_lay_rows) keeps the block's size and its ql, and re-lays the rest for the
-// decode matvec's chunks (matvec_q8_chunks.cuh: chunk c4 = 0..3 of a block is sub-blocks j and j + 2, j = 4
-// (c4 / 2) + c4 % 2, the low and the high nibbles of ql's 32 bytes at 32 c4):
-//   - qh is re-laid as one 16-byte piece a chunk (qh' + 16 c4): byte l holds the high bits of ql bytes l and
-//     l + 16 of the chunk, as (lo_l | lo_l+16 << 2 | hi_l << 4 | hi_l+16 << 6) -- GGUF's qh byte with the
-//     chunk's two halves in place of its two kk -- so a chunk reads 16 bytes of qh, not 32 shared with its
-//     neighbour;
-//   - a chunk's four scales (sub-block j's two, then j + 2's) are one aligned 32-bit word;
+// 16-byte grid.  The upload (q6k_lay_rows) keeps the block's size and re-lays it for the decode matvec's chunks
+// (matvec_q8_chunks.cuh: chunk g = 0..3 of a block is its sub-blocks 2g and 2g + 1, values 64g .. 64g + 63):
+//   - ql is re-paired: byte 32g + l holds value l of sub-block 2g in its low nibble and value l of 2g + 1 in its
+//     high one (GGUF pairs sub-blocks k and k + 2 of each half), so a chunk's x is 64 contiguous bytes and its
+//     two x scales one aligned float4;
+//   - qh is re-laid as one 16-byte piece a chunk (qh' + 16g): byte l holds the high bits of the chunk's values
+//     l, l + 16, 32 + l and 48 + l in its bits 0-1, 2-3, 4-5 and 6-7, so a chunk reads 16 bytes of qh, not 32
+//     shared with its neighbour;
+//   - the scales stay in GGUF's order, which makes a chunk's four (sub-block 2g's two, then 2g + 1's) one aligned
+//     32-bit word;
 //   - each row is padded to 16 bytes and block b rotated right by q6k_pre(b) = -2b mod 16 bytes: the first pre
 //     bytes of its 18-byte tail S move to its front, so ql starts at pre and qh' at pre + 128, both 16-byte
 //     aligned.  S is [scales, d] where pre % 4 == 0, [d, scales] otherwise, so that every chunk's scale word
@@ -21,24 +23,32 @@ namespace minfer::cuda {
 
 __host__ __device__ inline int q6k_pre(int64_t block) { return int((16 - 2 * (block & 7)) & 15); }
 __host__ __device__ inline int q6k_s(int s, int pre) { return s < pre ? s : 192 + s; }
-// Offsets in a device block: chunk c4's four scales, and d.
-__host__ __device__ inline int q6k_sc(int c4, int pre) { return q6k_s((pre & 2) + 4 * c4, pre); }
+// Offsets in a device block: chunk g's four scales, and d.
+__host__ __device__ inline int q6k_sc(int g, int pre) { return q6k_s((pre & 2) + 4 * g, pre); }
 __host__ __device__ inline int q6k_d(int pre) { return q6k_s(pre & 2 ? 0 : 16, pre); }
 __host__ __device__ inline int64_t q6k_row_bytes(int64_t K) { return (K / 256 * 210 + 15) / 16 * 16; }
 
-// One GGUF block o -> its chunk order t (unrotated: ql, qh', S).
+// One GGUF block o -> its chunk order t (unrotated: ql', qh', S).  In GGUF, half hf of a block (values 128 hf..)
+// holds its sub-blocks k = 0..3 as: k = 0, 1 the low nibbles of ql bytes 64 hf + l and 64 hf + 32 + l, k = 2, 3
+// their high nibbles; k's high bits in bits 2k of qh byte 32 hf + l (l = 0..31; ggml's dequantize_row_q6_K).
+// So chunk g = 2 hf + kk (sub-blocks k = 2 kk and 2 kk + 1 of half hf) takes nibble kk of each of those two
+// ql bytes, and bits 4 kk .. 4 kk + 3 of the qh bytes.
 inline void q6k_chunk_order(const uint8_t* o, uint8_t* t, int pre) {
-    static const int kScaleOrder[16] = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};
-    std::memcpy(t, o, 128);
-    for (int c4 = 0; c4 < 4; c4++) {
-        const int half = c4 / 2, kk = c4 % 2;
-        for (int l = 0; l < 16; l++) {
-            const int a = o[128 + 32 * half + l] >> (2 * kk), b = o[128 + 32 * half + 16 + l] >> (2 * kk);
-            t[128 + 16 * c4 + l] = uint8_t((a & 3) | (b & 3) << 2 | ((a >> 4) & 3) << 4 | ((b >> 4) & 3) << 6);
+    for (int hf = 0; hf < 2; hf++) {
+        const uint8_t *ql = o + 64 * hf, *qh = o + 128 + 32 * hf;
+        for (int l = 0; l < 32; l++) {
+            t[64 * hf + l] = uint8_t((ql[l] & 15) | (ql[32 + l] & 15) << 4);
+            t[64 * hf + 32 + l] = uint8_t((ql[l] >> 4) | (ql[32 + l] & 0xf0));
         }
+        for (int kk = 0; kk < 2; kk++)
+            for (int l = 0; l < 16; l++) {
+                const int a = qh[l] >> (4 * kk), b = qh[16 + l] >> (4 * kk);  // values l and 16 + l of both
+                t[128 + 16 * (2 * hf + kk) + l] =
+                    uint8_t((a & 3) | (b & 3) << 2 | ((a >> 2) & 3) << 4 | ((b >> 2) & 3) << 6);
+            }
     }
     const int sc = pre & 2 ? 2 : 0, d = pre & 2 ? 0 : 16;
-    for (int i = 0; i < 16; i++) t[192 + sc + i] = o[192 + kScaleOrder[i]];
+    std::memcpy(t + 192 + sc, o + 192, 16);
     t[192 + d] = o[208];
     t[192 + d + 1] = o[209];
 }

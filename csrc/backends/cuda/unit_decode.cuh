@@ -148,21 +148,21 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
         }
     } else if constexpr (T == GGML_TYPE_Q6_K) {
         const uint8_t* b = row + (u / 8) * 210;  // the device layout (q6k_layout.cuh): re-laid, rotated by pre
-        const int j = int(u % 8), k = j % 4, pre = q6k_pre(u / 8), c4 = 2 * (j / 4) + k % 2;
+        const int j = int(u % 8), g = j / 2, hi = j % 2, pre = q6k_pre(u / 8);  // sub-block j = 2g + hi: nibble hi
         uint32_t ql[8], qh[4];
-        load16_a2(b + pre + 32 * c4, ql);
-        load16_a2(b + pre + 32 * c4 + 16, ql + 4);
-        load16_a2(b + pre + 128 + 16 * c4, qh);
+        load16_a2(b + pre + 32 * g, ql);
+        load16_a2(b + pre + 32 * g + 16, ql + 4);
+        load16_a2(b + pre + 128 + 16 * g, qh);
         const float d = h2f(*(const uint16_t*)(b + q6k_d(pre)));
-        const uint32_t sc = *(const uint16_t*)(b + q6k_sc(c4, pre) + 2 * (k / 2));  // the two int8 scales of this unit
+        const uint32_t sc = *(const uint16_t*)(b + q6k_sc(g, pre) + 2 * hi);  // the two int8 scales of this unit
         U.a_lo = d * float(int8_t(sc & 0xff));
         U.a_hi = d * float(int8_t(sc >> 8));
         U.b = 0.0f;
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            const int lo = (byte_at(ql, i) >> (4 * (k / 2))) & 0xf;
-            const int hi = (byte_at(qh, i % 16) >> (2 * (i / 16) + 4 * (k / 2))) & 3;
-            U.q[i] = float((lo | hi << 4) - 32);
+            const int lo = (byte_at(ql, i) >> (4 * hi)) & 0xf;
+            const int h2 = (byte_at(qh, i % 16) >> (2 * (i / 16) + 4 * hi)) & 3;
+            U.q[i] = float((lo | h2 << 4) - 32);
         }
     }
 }
