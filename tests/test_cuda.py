@@ -759,6 +759,28 @@ def test_decode_fusions(q05_model, name, rng, monkeypatch):
     close(fused, unfused, 1e-5)
 
 
+@pytest.mark.parametrize("n", [1000, 4096, 4097, 151936, 152064])
+def test_device_argmax(n, rng):
+    """Greedy decoding's device argmax (blocks of 4096 values, then one block over their winners) against
+    numpy's at real vocabulary sizes, with the maximum in the first, a middle and the last block, ties across
+    blocks (the first index wins), all -inf (token 0, as a scan), a NaN (flagged, never the winner), and runs
+    back to back (each reuses the scratch of the one before)."""
+    x = rng.standard_normal(n).astype(np.float32)
+    for where in sorted({0, 4095 % n, min(4096, n - 1), n // 2, n - 1}):
+        y = x.copy()
+        y[where] = 10.0
+        assert M.cuda_argmax(y, 5) == ([where] * 5, False)
+    y = x.copy()
+    y[[n // 3, n - 1]] = 10.0  # in different blocks where n > 4096
+    assert M.cuda_argmax(y, 3) == ([n // 3] * 3, False)
+    assert M.cuda_argmax(np.full(n, -np.inf, np.float32), 2) == ([0, 0], False)
+    y = x.copy()
+    y[n - 2] = np.nan
+    assert M.cuda_argmax(y, 2) == ([int(np.nanargmax(y))] * 2, True)
+    with pytest.raises(minfer.MinferError, match="cuda_argmax: 0 values"):
+        M.cuda_argmax(np.zeros(0, np.float32))
+
+
 def test_greedy_on_device_matches_host_argmax(q05_model, rng):
     s = M.Session(q05_model, threads=4, n_ctx=64, device="cuda")
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)

@@ -59,6 +59,19 @@ void bind_devices(py::module_& m) {
         py::gil_scoped_release nogil;
         return cuda_copy_bandwidth(bytes, iters);
     }, py::arg("bytes") = size_t(1) << 31, py::arg("iters") = 20, "device-to-device copy rate, bytes read + written per s");
+
+    m.def("cuda_argmax", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int reps) {
+        if (x.ndim() != 1) throw py::value_error("x must be 1-D");
+        bool nan = false;
+        std::vector<int> won;
+        {
+            py::gil_scoped_release nogil;
+            won = cuda_argmax(x.data(), int(x.shape(0)), reps, &nan);
+        }
+        return py::make_tuple(won, nan);
+    }, py::arg("x"), py::arg("reps") = 1,
+       "(winners, nan): the device argmax of x (greedy decoding's: the first index on ties) run `reps` times back "
+       "to back, each run's winner, and whether a NaN was flagged");
 }
 
 }  // namespace minfer

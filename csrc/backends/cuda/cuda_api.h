@@ -39,5 +39,8 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
                                int rows, int iters, double* seconds_per_call, const std::string& path = "auto");
 // The device-to-device copy rate (bytes read + bytes written per second) over `bytes`.
 double cuda_copy_bandwidth(size_t bytes, int iters);
+// The device argmax (greedy decoding's) of x[0..n), run `reps` times back to back: each run's winner, and
+// whether a run flagged a NaN among the values.
+std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan);
 
 }  // namespace minfer

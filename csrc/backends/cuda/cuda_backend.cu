@@ -902,4 +902,26 @@ double cuda_copy_bandwidth(size_t bytes, int iters) {
     return 2.0 * double(bytes) * iters / t.seconds(waits);
 }
 
+std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan) {
+    if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
+    if (n < 1 || reps < 1) throw MinferError(strfmt("cuda_argmax: %d values, %d runs (at least 1 of each)", n, reps));
+    Waits waits;
+    DevMem dx(size_t(n) * 4, waits), part(size_t(cuda::kArgmaxBlocks) * 8, waits), out(size_t(reps) * 4, waits),
+        err(4, waits);
+    cudaStream_t s = nullptr;
+    check(cudaMemcpyAsync(dx.p, x, size_t(n) * 4, cudaMemcpyHostToDevice, s), "uploading");
+    check(cudaMemsetAsync(err.p, 0, 4, s), "zeroing the error word");
+    for (int i = 0; i < reps; i++)
+        cuda::argmax((const float*)dx.p, n, (int*)out.p + i, part.p, (uint32_t*)err.p, s);
+    Timer t;
+    check(cudaEventRecord(t.b, s), "recording an event");
+    waits.on(t.b, "running the argmax");
+    std::vector<int> won(reps);
+    uint32_t e = 0;
+    check(cudaMemcpy(won.data(), out.p, size_t(reps) * 4, cudaMemcpyDeviceToHost), "reading back");
+    check(cudaMemcpy(&e, err.p, 4, cudaMemcpyDeviceToHost), "reading back");
+    *nan = (e & cuda::kNanLogit) != 0;
+    return won;
+}
+
 }  // namespace minfer

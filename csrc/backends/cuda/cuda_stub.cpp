@@ -24,4 +24,6 @@ std::vector<float> cuda_matmul(uint32_t, const uint8_t*, size_t, int64_t, int64_
 
 double cuda_copy_bandwidth(size_t, int) { throw MinferError(cuda_device_info().reason); }
 
+std::vector<int> cuda_argmax(const float*, int, int, bool*) { throw MinferError(cuda_device_info().reason); }
+
 }  // namespace minfer
