@@ -3,8 +3,9 @@
 // each kernel started and ended on the GPU, so the gaps and overlaps between the ~340 kernels of a
 // replayed decode step can be read (ncu times kernels one at a time, with graphs off).
 //
-//   nvcc -O2 -shared -Xcompiler -fPIC benchmarks/cuda_timeline.cpp -o /tmp/libtimeline.so -lcupti
-//   MINFER_TIMELINE=/tmp/t.csv LD_PRELOAD=/tmp/libtimeline.so python3 ...
+//   T=/usr/local/cuda/targets/x86_64-linux   # where the toolkit keeps cupti.h and libcupti.so (the H200's)
+//   nvcc -O2 -shared -Xcompiler -fPIC benchmarks/cuda_timeline.cpp -o /tmp/libtimeline.so -I$T/include -L$T/lib -lcupti
+//   MINFER_TIMELINE=/tmp/t.csv LD_LIBRARY_PATH=$T/lib LD_PRELOAD=/tmp/libtimeline.so python3 ...
 //
 // The CSV has one row per kernel: start and end (ns, GPU clock), graph id, correlation id (one per
 // launch; a graph's kernels share the graph launch's), grid and block sizes, and the mangled name.
