@@ -288,7 +288,8 @@ def test_stream_matvec(rng, monkeypatch, wtype, n, k):
     rule takes vocabulary-like launches (more groups than 8 waves of blocks: the grid is smaller than the groups,
     so every block walks several) with one chunk a lane, or two of Q6_K (the 36000 x 3584 case);
     MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane walks 9-10 chunks), two chunks a lane, short rows and
-    a last group of 3-7 rows, and raises where it cannot run, so each case shows it ran.  Within the float64 bound; bad lever values are errors."""
+    a last group of 3-7 rows, and raises where it cannot run, so each case shows it ran.  Within the float64
+    bound; bad lever values are errors."""
     t, w, x, block = block_kernel_case(rng, monkeypatch, wtype, n, k)
     monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "auto")
     assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)
