@@ -279,25 +279,6 @@ def test_spread_decode_is_bit_exact(rng, monkeypatch):
         forward(model, "cuda", prompt, 1, n_ctx=64)
 
 
-def test_spread_trigger_is_bit_exact(rng, monkeypatch):
-    """A spread down that lets the next kernel launch part way through its rows (MINFER_CUDA_MV_TRIGGER: its lanes
-    add the chunks before the trigger point, release, then the rest, in one running sum) computes what it computes
-    releasing as it starts: the 1.5B layout's logits, its downs spread (=1), the same bits at 0, 0.5 and 1, graph
-    replays included; a bad value is an error naming the lever."""
-    model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
-    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
-    monkeypatch.setenv("MINFER_CUDA_MV_TRIGGER", "0")
-    base, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-    for v in ("0.5", "1"):
-        monkeypatch.setenv("MINFER_CUDA_MV_TRIGGER", v)
-        late, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-        assert np.array_equal(base, late), v
-    monkeypatch.setenv("MINFER_CUDA_MV_TRIGGER", "1.5")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_TRIGGER must be a fraction from 0 to 1"):
-        forward(model, "cuda", prompt, 1, n_ctx=64)
-
-
 @pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
                                        ("q4_k", 299, 18944), ("q6_k", 36000, 3584), ("q6_k", 13, 1536),
                                        ("q4_k", 40, 512)])
@@ -665,24 +646,6 @@ def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch):
     assert "FusedQkvRope" not in [n["op"] for n in s.plan(1).nodes]
     unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     assert np.array_equal(fused, unfused)
-
-
-def test_l2_prefetch_decode_is_bit_exact(rng, monkeypatch):
-    """Decode's attention asking L2 for the O projection's and the first gate/up rows' weights
-    (MINFER_CUDA_L2_PREFETCH, before or after its PDL wait) changes when bytes move, not what any kernel
-    computes: the 1.5B layout's logits are the same bits with it off and on, graph replays included; a bad
-    value is an error naming the lever."""
-    model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
-    prompt = rng.integers(0, 151936, size=7).astype(np.int32)
-    monkeypatch.setenv("MINFER_CUDA_L2_PREFETCH", "off")
-    base, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-    for v in ("0.5", "12,o", "12@3,late,o"):
-        monkeypatch.setenv("MINFER_CUDA_L2_PREFETCH", v)
-        on, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-        assert np.array_equal(base, on), v
-    monkeypatch.setenv("MINFER_CUDA_L2_PREFETCH", "12,early")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_L2_PREFETCH must be 'off' or '<MiB>"):
-        forward(model, "cuda", prompt, 1, n_ctx=64)
 
 
 def test_norm_pdl_lever(q15, rng, monkeypatch):

@@ -255,10 +255,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
-                                                                float* __restrict__ partial, uint32_t* err,
-                                                                L2Prefetch pf) {
+                                                                float* __restrict__ partial, uint32_t* err) {
     constexpr int W = kThreads / 32, NV = HD / 64;
-    l2_prefetch(pf);
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
     __shared__ float wo[W][HD];
@@ -336,9 +334,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
-                                                                uint32_t* err, Q8Act q8, L2Prefetch pf) {
+                                                                uint32_t* err, Q8Act q8) {
     constexpr int W = kThreads / 32, NV = HD / 64;
-    if (!pf.late) l2_prefetch(pf);
     static_assert(HD <= kThreads, "a thread per output value");
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
@@ -378,7 +375,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     int zc = z;
     load_chunk(zc, true);
     pdl_start();
-    if (pf.late) l2_prefetch(pf);
     {  // row p, if it is this block's first chunk's
         const int j0 = zc * kChunk + warp * 32, j = j0 + lane;
         const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
@@ -681,8 +677,7 @@ size_t attention_scratch_floats(const AttnShape& a) {
 }
 
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
-               float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s,
-               const L2Prefetch& pf) {
+               float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s) {
     if (q8.q && a.head_dim % 32)
         throw MinferError(strfmt("CUDA attention: 8-bit output needs head_dim %% 32 == 0, got %d", a.head_dim));
     if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
@@ -709,13 +704,13 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
                            dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
-                           (const __half*)V, out, err, q8, pf);
+                           (const __half*)V, out, err, q8);
         return;
     }
     if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
                dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
-               (const __half*)V, out, scratch, err, pf);
+               (const __half*)V, out, scratch, err);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);

@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backends/cuda/kernels.h"
 #include "common/error.h"
 
 namespace minfer::cuda {
@@ -92,37 +91,6 @@ __device__ __forceinline__ void pdl_start() {
 __device__ __forceinline__ void pdl_wait_then_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// The grid's threads share an L2Prefetch's ranges a 128-byte line each (prefetch.global.L2: no register, so
-// nothing waits for it), so the requests leave from every SM of the grid at once.  Issued before a kernel's
-// PDL wait: weights are written by no kernel.  (cp.async.bulk.prefetch in 16 KB pieces cost the 7B 580 -> 424
-// tok/s: CUDA_NOTES run 148.)
-__device__ __forceinline__ void l2_prefetch(const L2Prefetch& f) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const uint32_t nthreads = gridDim.x * gridDim.y * gridDim.z * blockDim.x;
-    const uint32_t t = ((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x;
-#pragma unroll
-    for (int r = 0; r < L2Prefetch::kRanges; r++) {
-        const char* p = (const char*)f.p[r];
-        for (uint32_t at = t * 128u; at < f.bytes[r]; at += nthreads * 128u)
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(p + at));
-    }
-#endif
-}
-
-// pdl_start() in two halves, for a kernel that lets the next one launch only part way through its work (the
-// spread downs' MatvecArgs::trigger_chunk): wait first; release later.  The next kernel's own wait is still for
-// this one's completion: only when its blocks may take SMs moves.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }

@@ -15,7 +15,6 @@
 // * MINFER_CUDA_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
 #include <algorithm>
 #include <chrono>
-#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -83,39 +82,6 @@ QkvRope qkv_rope_mode() {
     throw MinferError(strfmt("MINFER_CUDA_QKV_ROPE must be '0', '1' or 'epilogue', got '%s'", v));
 }
 
-// MINFER_CUDA_L2_PREFETCH: what decode's attention asks L2 to fetch for the kernels after it.  "off": nothing;
-// "<MiB>[@<from>][,late][,o]": MiB of the gate and up rows (half each), from <from> MiB into each (the rows
-// after those the FFN's first wave of blocks loads itself); ",late" issues it after the attention's PDL wait
-// instead of before; ",o" adds the O projection's weights.  Read per use.
-struct L2PrefetchLever {
-    bool on = false, late = false, o = false;
-    double ffn_mib = 0.0, from_mib = 0.0;
-};
-L2PrefetchLever l2_prefetch_lever() {
-    L2PrefetchLever l;
-    const char* v = std::getenv("MINFER_CUDA_L2_PREFETCH");
-    if (!v || !*v || !std::strcmp(v, "off")) return l;
-    auto bad = [&] {
-        return MinferError(strfmt(
-            "MINFER_CUDA_L2_PREFETCH must be 'off' or '<MiB>[@<from MiB>][,late][,o]', got '%s'", v));
-    };
-    char* end = nullptr;
-    l.ffn_mib = std::strtod(v, &end);
-    if (end == v || l.ffn_mib < 0.0 || l.ffn_mib > 1024.0) throw bad();
-    if (*end == '@') {
-        const char* f = end + 1;
-        l.from_mib = std::strtod(f, &end);
-        if (end == f || l.from_mib < 0.0 || l.from_mib > 1024.0) throw bad();
-    }
-    for (std::string rest = end; !rest.empty();) {
-        if (rest.compare(0, 5, ",late") == 0) l.late = true, rest.erase(0, 5);
-        else if (rest.compare(0, 2, ",o") == 0) l.o = true, rest.erase(0, 2);
-        else throw bad();
-    }
-    l.on = true;
-    return l;
-}
-
 struct DevWeight {
     const uint8_t* p = nullptr;
     uint32_t type = 0;
@@ -175,7 +141,6 @@ class CudaBackend : public Backend {
     bool project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
                  const cuda::QkvRopeEpilogue* rope = nullptr);
     Proj proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const;
-    cuda::L2Prefetch attention_prefetch(int layer) const;
     void wait(cudaEvent_t ev, const char* what);
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
@@ -340,35 +305,6 @@ const DevWeight& CudaBackend::weight(const std::string& name) const {
     auto it = weights_.find(name);
     if (it == weights_.end()) throw MinferError(strfmt("CUDA: weight '%s' is not registered on the device", name.c_str()));
     return it->second;
-}
-
-// What layer `layer`'s decode attention asks L2 to fetch (MINFER_CUDA_L2_PREFETCH): its O projection's
-// weights, then the first rows of its gate and up -- the rows the FFN's first blocks read.  A weight that is
-// not on the device (a mixed graph) is left out.
-cuda::L2Prefetch CudaBackend::attention_prefetch(int layer) const {
-    cuda::L2Prefetch f;
-    const L2PrefetchLever l = l2_prefetch_lever();
-    if (!l.on || layer < 0) return f;
-    f.late = l.late;
-    const std::string L = "blk." + std::to_string(layer) + ".";
-    int n = 0;
-    auto add = [&](const std::string& name, double from_bytes, double max_bytes) {  // whole rows
-        auto it = weights_.find(name);
-        if (it == weights_.end()) return;
-        const DevWeight& w = it->second;
-        const int64_t rb = cuda::row_bytes(w.type, w.cols);
-        const int64_t r0 = std::min<int64_t>(w.rows, int64_t(from_bytes / double(rb)));
-        const int64_t rows = std::min<int64_t>(w.rows - r0, int64_t(max_bytes / double(rb)));
-        const int64_t bytes = std::min<int64_t>(rows * rb, int64_t(UINT32_MAX)) & ~int64_t(15);
-        if (bytes <= 0) return;
-        f.p[n] = w.p + r0 * rb;
-        f.bytes[n++] = uint32_t(bytes);
-    };
-    const double mib = 1024.0 * 1024.0;
-    if (l.o) add(L + "attn_output.weight", 0.0, 1e18);
-    add(L + "ffn_gate.weight", l.from_mib * mib, l.ffn_mib * mib / 2.0);
-    add(L + "ffn_up.weight", l.from_mib * mib, l.ffn_mib * mib / 2.0);
-    return f;
 }
 
 bool CudaBackend::supports_op(const Node& node) const {
@@ -733,8 +669,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
                                   rows, cols);
             cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v), at(a.out),
-                            a.out.ld, sc, err_dev_, q8, stream_,
-                            rows == 1 ? attention_prefetch(m.layer) : cuda::L2Prefetch{});
+                            a.out.ld, sc, err_dev_, q8, stream_);
             if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
             return;
         }

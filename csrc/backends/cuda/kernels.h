@@ -58,9 +58,6 @@ struct MatvecArgs {
     // Read by the spread builds of the block kernel alone (matvec_q8's MINFER_CUDA_MV_SPREAD): the
     // launch's n rows dealt to its blocks, block g taking spread_q + (g < spread_r) of them (<= 8).
     int64_t spread_q = 0, spread_r = 0;
-    // Read by the spread builds alone (MINFER_CUDA_MV_TRIGGER): > 0, a block lets the next kernel launch once a
-    // lane reaches chunk trigger_chunk of its row (not as it starts).
-    int trigger_chunk = 0;
 };
 void matvec(const MatvecArgs& a, cudaStream_t s);
 // The same on 8-bit activations (matvec_q8.cu): x quantized into `scratch` (matvec_q8_scratch_bytes; laid
@@ -120,17 +117,6 @@ void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const 
                    int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
                    cudaStream_t s);
 
-// Byte ranges of weights that a latency-bound kernel asks L2 to fetch for the kernels after it (the decode
-// attention: the O projection and the first rows of the gate/up), so that DRAM, idle while the attention waits
-// on its few loads, moves those bytes early.  A hint: nothing waits for it, nothing depends on it.  Ranges are
-// 16-byte aligned and a multiple of 16 bytes (cp.async.bulk.prefetch's rule; sm_90, a no-op before).
-struct L2Prefetch {
-    static constexpr int kRanges = 3;
-    const void* p[kRanges] = {};
-    uint32_t bytes[kRanges] = {};
-    bool late = false;  // issued after the kernel's PDL wait, not before (MINFER_CUDA_L2_PREFETCH's A/B)
-};
-
 // Causal GQA attention of q over the cache, split over the KV length (attention.cu).
 struct AttnShape {
     int rows, n_head, n_head_kv, head_dim, n_ctx;
@@ -143,8 +129,7 @@ size_t attention_scratch_floats(const AttnShape& a);      // partials for the co
 // With q8.q and more than one split (attention_splits), the combine step (or the cluster merge) also
 // rounds the output to 8-bit blocks for the decode matvec after it (head_dim % 32 == 0).
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
-               float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s,
-               const L2Prefetch& pf = L2Prefetch{});
+               float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s);
 
 // Elementwise ops (elementwise.cu).
 enum class Ew { Add, Mul, Silu, SwiGLU };

@@ -14,7 +14,6 @@
 // definition -- is dequant8 (dequant.cuh) and csrc/quant/dequantize.cpp;
 // tests/test_cuda.py checks this path against float64 with the bound of
 // rounding x to 8 bits.
-#include <climits>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -134,11 +133,10 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // registers); U = 0 leaves the compiler's choice.
 constexpr int kBlockRows = 8, kLanesPerRow = 4;
 
-// Chunks c, c + step, ... below `end` (and the row's end) added to acc in that order.
 template <int T, int U, int Q6 = kQ6Words>
-__device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step,
-                                             int end = INT_MAX, float acc = 0.0f) {
-    const int chunks = min(int(x.K / chunk_values<T>()), end);
+__device__ __forceinline__ float lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
+    float acc = 0.0f;
+    const int chunks = int(x.K / chunk_values<T>());
     if constexpr (U == 0) {  // the compiler's choice
         for (; c < chunks; c += step) acc += chunk_dot<T, Q6>(row, c, x.q, x.ds);
     } else {
@@ -241,9 +239,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     bool staged = false;
     // the weights are no earlier kernel's output: their copy may start before the wait and overlap it
     if (stage == kStageBeforeWait) staged = stage_block_rows(a, wsm);
-    const bool late = SPREAD && a.trigger_chunk > 0;  // uniform: release part way through the lane's chunks
-    if (late) pdl_wait();
-    else pdl_start();
+    pdl_start();
     if (stage == kStageAfterWait) staged = stage_block_rows(a, wsm);
     if (staged) {  // uniform over the block
         asm volatile("cp.async.wait_all;\n" ::: "memory");
@@ -259,16 +255,8 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
                                  : r * A.rb;
         const uint8_t* w = staged ? wsm + slot : A.W + row.o * A.rb;
         const int c = k + kLanesPerRow * warp, step = kLanesPerRow * kMatvecWarps;
-        if constexpr (T == kAnyType) {
-            acc = lane_chunks_any(A.type, w, x, c, step);
-        } else if (late) {  // the same chunks in the same order, the release between them: the same bits
-            const int t = a.trigger_chunk, c1 = c < t ? c + (t - c + step - 1) / step * step : c;
-            acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c, step, t);
-            pdl_release();
-            acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c1, step, INT_MAX, acc);
-        } else {
-            acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c, step);
-        }
+        if constexpr (T == kAnyType) acc = lane_chunks_any(A.type, w, x, c, step);
+        else acc = lane_chunks<T, U, U == 2 ? kQ6WideDp4a : kQ6Wide>(w, x, c, step);
     }
 #pragma unroll
     for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -698,19 +686,6 @@ void no_spread_build(SpreadMode mode) {
     if (mode == kSpreadOnly) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
 }
 
-// MINFER_CUDA_MV_TRIGGER=<fraction in (0, 1]>: a spread launch lets the kernel after it launch once its lanes
-// are that far through their rows (MatvecArgs::trigger_chunk), not as it starts; 0 (the default) as it starts.
-// A/B lever, read per call.
-int trigger_chunk(int64_t K) {
-    const char* v = lever("MINFER_CUDA_MV_TRIGGER");
-    if (!v) return 0;
-    char* end = nullptr;
-    const double f = std::strtod(v, &end);
-    if (end == v || *end || f < 0.0 || f > 1.0)
-        throw MinferError(strfmt("MINFER_CUDA_MV_TRIGGER must be a fraction from 0 to 1, not '%s'", v));
-    return f > 0.0 ? std::max(1, int(f * double(K / 64))) : 0;
-}
-
 // spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
 int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid) {
     const SpreadMode mode = spread_mode();
@@ -736,7 +711,6 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
     if (mode == kSpreadAuto && 2 * grid < wave) return 0;
     a.spread_q = rows / blocks;
     a.spread_r = rows % blocks;
-    a.trigger_chunk = trigger_chunk(a.K);
     return blocks;
 }
 
