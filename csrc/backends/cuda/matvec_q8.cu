@@ -361,35 +361,14 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;
     int c = k + kLanesPerRow * warp;
     const uint8_t* w = nullptr;
-    // else a Q6_K part (the 7B's V rows in 14 layers' QKV): the whole-row build holds its two chunks as it holds
-    // Q4_K's, asked for before the wait (they were walked after it, two round trips on the QKV's critical path);
-    // the other builds walk it as the block kernel does
-    bool q4k = false;
+    bool q4k = false;  // else a Q6_K part (the 7B's V rows in some layers' QKV): walked as the block kernel does
     Q4kChunk cur{}, nxt{};
-    uint32_t sc6[2] = {0u, 0u}, d6 = 0u;  // kWholeRow's Q6_K chunks: what a Q4kChunk has no room for (two f16 d's)
-    using S6 = Stream<GGML_TYPE_Q6_K>;
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / half : row.p];
         w = A.W + row.o * A.rb;
         q4k = A.type == GGML_TYPE_Q4_K;
         if (q4k && c < chunks) cur = q4k_load(w, c);
         if (AHEAD >= 2 && q4k && c + step < chunks) nxt = q4k_load(w, c + step);
-        if constexpr (AHEAD == kWholeRow) {
-            if (!q4k) {  // a Q6_K part's (at most) two chunks a lane asked for before the wait as well
-                const S6::Lane L = S6::lane(c);
-                const uint8_t* b = w + int64_t(c / 4) * S6::kBytes;
-                if (c < chunks) {
-                    const S6::Chunk h = S6::load(b, L);
-                    cur = Q4kChunk{h.ql[0], h.ql[1], h.qh};
-                    sc6[0] = h.sc, d6 = h.d;
-                }
-                if (c + step < chunks) {
-                    const S6::Chunk h = S6::load(b + (step / 4) * S6::kBytes, L);
-                    nxt = Q4kChunk{h.ql[0], h.ql[1], h.qh};
-                    sc6[1] = h.sc, d6 |= h.d << 16;
-                }
-            }
-        }
     }
     pdl_start();
     uint8_t* dsm = xsm + x.K;  // K % 64 == 0: 16-byte aligned
@@ -397,12 +376,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     for (int i = threadIdx.x; i < int(x.K / 64); i += blockDim.x) ((uint4*)dsm)[i] = ((const uint4*)x.ds)[i];
     __syncthreads();
     float acc = 0.0f;
-    if (row.live && !q4k && AHEAD == kWholeRow) {  // q6k_lane_walk's two steps on the chunks held: the same bits
-        const XQ xs{(const int8_t*)xsm, (const float2*)dsm, x.K};
-        const S6::Lane L = S6::lane(c);
-        if (c < chunks) acc += S6::dot(S6::Chunk{{cur.hdr, cur.q0}, cur.q1, sc6[0], d6 & 0xffffu}, c, L, xs);
-        if (c + step < chunks) acc += S6::dot(S6::Chunk{{nxt.hdr, nxt.q0}, nxt.q1, sc6[1], d6 >> 16}, c + step, L, xs);
-    } else if (row.live && !q4k) acc = q6k_lane_walk(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
+    if (row.live && !q4k) acc = q6k_lane_walk(w, XQ{(const int8_t*)xsm, (const float2*)dsm, x.K}, c, step);
     else if (row.live && AHEAD == kWholeRow) {  // the loop's two steps, in its order (the same bits)
         if (c < chunks) acc += q4k_dot(cur, c, (const int8_t*)xsm, (const float2*)dsm);
         if (c + step < chunks) acc += q4k_dot(nxt, c + step, (const int8_t*)xsm, (const float2*)dsm);
