@@ -631,11 +631,14 @@ def test_qkv_rope_matches_unfused(q15, rng, monkeypatch, rows, kv_type, neox, pa
         M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
 
 
-def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch):
-    """The 1.5B layout (its q/k/v launches take the pipe kernel) decodes to the same logits with the
-    projection rotating and storing (every decode step must take the epilogue: MINFER_CUDA_QKV_ROPE=epilogue)
-    as with the separate RoPE + KV store node (=0), graph replays included."""
-    model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+@pytest.mark.parametrize("layout", ["qwen2.5-coder-1.5b-instruct-q4_k_m", "deepseek-r1-distill-qwen-7b-q4_k_m"],
+                         ids=["1.5b", "7b"])
+def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch, layout):
+    """The 1.5B and 7B layouts (their q/k/v launches take the pipe kernel: one chunk a lane ahead, and the 7B's
+    whole-row build, whose V rows are Q6_K in 14 of its layers) decode to the same logits with the projection
+    rotating and storing (every decode step must take the epilogue: MINFER_CUDA_QKV_ROPE=epilogue) as with the
+    separate RoPE + KV store node (=0), graph replays included."""
+    model = M.Model(str(layout_model(layout)))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
     monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
     s = M.Session(model, threads=4, n_ctx=64, device="cuda")
