@@ -11,8 +11,9 @@ var=$1; values=$2; rounds=${3:-2}; models=${4:-7b,1.5b}
 for r in $(seq "$rounds"); do
   for v in $values; do
     echo "== round $r: $var=$v"
-    if [ "$var" = - ]; then set -- $( [ "$v" = none ] || echo "$v" | tr , ' '); else set -- "$var=$v"; fi
-    env "$@" python3 benchmarks/bench_cuda.py --decode-only --reps 3 --models "$models" 2>&1 |
+    settings=("$var=$v")
+    if [ "$var" = - ]; then settings=(); [ "$v" = none ] || IFS=, read -ra settings <<< "$v"; fi
+    env "${settings[@]}" python3 benchmarks/bench_cuda.py --decode-only --reps 3 --models "$models" 2>&1 |
       awk '/^layout/ {on = 1} on {print $1, "tg@512", $7, "tg@4096", $10, "chain@512", $15, "%copy", $17, "chain@4096", $18}' | tail -n +2
   done
 done
