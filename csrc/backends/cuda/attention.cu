@@ -352,10 +352,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
         if (d < HD && z == 0) o_final[d] = 0.0f;
         return;
     }
-    if (a.oracle == 2) {
-        pdl_start();
-        return;
-    }
     // a block with no chunk (z past p / 128) runs through with no loads to send the empty partial (-inf, 0, 0)
     cluster_arrive_relaxed();
     uint4 kr[HD / 8];     // this lane's K row j
@@ -363,7 +359,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step); row p is this step's
     // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
     auto load_chunk = [&](int zc, bool early) {
-        const int j0 = zc * kChunk + warp * 32, j = j0 + lane, lim = early ? (a.oracle == 1 ? 0 : p) : p + 1;
+        const int j0 = zc * kChunk + warp * 32, j = j0 + lane, lim = early ? p : p + 1;
         const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
         if (j < lim) {
 #pragma unroll
@@ -411,10 +407,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
         if (zc * kChunk > p) break;  // uniform over the block
         __syncthreads();             // wm, wl, wo are read before the next chunk writes them
         load_chunk(zc, false);
-    }
-    if (a.oracle == 3) {
-        if (z == 0 && d < HD) o_final[d] = ob;
-        return;
     }
     {
         const unsigned rank = unsigned(z);

@@ -482,13 +482,6 @@ CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bia
     return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
 }
 
-// EXPERIMENT, timing only (the values are wrong): MINFER_CUDA_ORACLE=quant+anorm+fnorm+attention skips those
-// decode launches, so the step's time without them bounds what folding each into a neighbour could save.
-static bool oracle_skip(const char* what) {
-    const char* e = std::getenv("MINFER_CUDA_ORACLE");
-    return e && std::strstr(e, what);
-}
-
 bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
                           const cuda::QkvRopeEpilogue* rope) {
     const int64_t K = parts[0].w->cols;
@@ -522,8 +515,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
                 m.rope = *rope;
                 if (!cuda::matvec_q8_rope_fusable(m)) m.rope = cuda::QkvRopeEpilogue{};
             }
-            const bool skip = oracle_skip("quant") && node.meta.weight.find("ffn_down") != std::string::npos;
-            cuda::matvec_q8(m, sc, ready || skip, stream_);
+            cuda::matvec_q8(m, sc, ready, stream_);
             return m.rope.pos != nullptr;
         }
         if (uintptr_t(x) % 16 || ldx % 4) {  // f32 activations; a column window at an odd offset: copy to aligned rows
@@ -655,10 +647,6 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 auto wq = weights_.find(m.weight.substr(0, site) + "attn_q.weight");
                 q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
             }
-            if (q8.q && (site != std::string::npos ? oracle_skip("anorm") : oracle_skip("fnorm"))) {
-                prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
-                return;
-            }
             cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
                               (const float*)weight(m.weight).p, m.eps, q8, stream_, site != std::string::npos, q4k);
             if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
@@ -673,7 +661,6 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::Attn: {
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
-            s.oracle = oracle_skip("a_noload") ? 1 : oracle_skip("a_empty") ? 2 : oracle_skip("a_nomerge") ? 3 : 0;
             const size_t need = attention_scratch_floats(s);
             float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
             cuda::Q8Act q8;  // decode with a combine step: also the output as the O projection's 8-bit activations
@@ -681,10 +668,6 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 cuda::attention_splits(s) > 1)
                 q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
                                   rows, cols);
-            if (q8.q && oracle_skip("attention")) {
-                prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
-                return;
-            }
             cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v), at(a.out),
                             a.out.ld, sc, err_dev_, q8, stream_);
             if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};

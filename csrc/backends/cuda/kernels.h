@@ -122,7 +122,6 @@ struct AttnShape {
     int rows, n_head, n_head_kv, head_dim, n_ctx;
     uint32_t kv_type;
     float scale;
-    int oracle = 0;  // EXPERIMENT (timing only): 1 no K/V loads before the wait, 2 an empty kernel, 3 no cluster merge
 };
 bool attention_uses_tensor_cores(const AttnShape& a);  // f16 cache, >= 16 rows, head_dim 64 or 128
 int attention_splits(const AttnShape& a);                 // grid's split count (fixed per shape)
