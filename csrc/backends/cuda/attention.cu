@@ -178,31 +178,71 @@ __device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
     return (float*)r;
 }
 
-// One chunk's attention in a decode block (attention_decode_f16 and _cl): each lane scores its K row j (kr),
-// the warp's softmax and P V over its 32 V rows (vr), then the four warps' (max, sum, output) merged in shared
-// memory (wm, wl, wo).  Returns output value d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
+// A warp's 32 K rows, coalesced: a row's HD / 8 lanes (LPR) read it whole, 16 bytes each, so one load
+// instruction of the warp takes RPL whole rows (256 or 128 contiguous bytes each).  Load i of lane l is dims
+// 8 (l % LPR) .. + 8 of row RPL i + l / LPR.  (When each lane read its own row, every load instruction touched
+// 32 different lines, eight times the L1 wavefronts for the same bytes.)  The dot products' partial sums meet
+// in a butterfly over the LPR lanes of a row that leaves lane l with the whole score of row pos(l).
+template <int HD>
+struct KRows {
+    static constexpr int N = HD / 8, LPR = HD / 8, RPL = 32 / LPR;
+    static __device__ __forceinline__ int row(int i, int lane) { return RPL * i + lane / LPR; }
+    static __device__ __forceinline__ int pos(int lane) { return RPL * (lane % LPR) + lane / LPR; }
+    static __device__ __forceinline__ int lane_of(int row) { return row / RPL + LPR * (row % RPL); }
+    // rows j0 + r of the warp with lo <= j0 + r < hi, into kr (the rest untouched)
+    static __device__ __forceinline__ void load(uint4 (&kr)[N], const __half* K, int64_t dim, int col0, int j0, int lo,
+                                                int hi) {
+        const int lane = threadIdx.x & 31;
+#pragma unroll
+        for (int i = 0; i < N; i++) {
+            const int j = j0 + row(i, lane);
+            if (j >= lo && j < hi) kr[i] = *(const uint4*)(K + int64_t(j) * dim + col0 + 8 * (lane % LPR));
+        }
+    }
+};
+
+// One chunk's attention in a decode block (attention_decode_f16 and _cl): the warp scores its 32 positions
+// j0.. j0 + 31 (kr: KRows' layout; lane l ends with position j0 + KRows::pos(l)), the warp's softmax and P V over
+// its 32 V rows (vr), then the four warps' (max, sum, output) merged in shared memory (wm, wl, wo).  Returns
+// output value d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
 constexpr int kWarps = kThreads / 32;
 template <int HD>
 __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&kr)[HD / 8], const uint32_t (&vr)[32][HD / 64],
-                                              const float* qs, int j, int p, float* wm, float* wl,
+                                              const float* qs, int j0, int p, float* wm, float* wl,
                                               float (&wo)[kWarps][HD], float& M, float& L) {
+    using KR = KRows<HD>;
     constexpr int W = kWarps, NV = HD / 64;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
-    float sc = -INFINITY;
-    if (j <= p) {
-        float dot[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // four chains, not one dependent chain of HD
+    const int j = j0 + KR::pos(lane);
+    float qv[8];  // the 8 dims of q this lane's loads hold
 #pragma unroll
-        for (int i = 0; i < HD / 8; i++) {
-            const __half2* h2 = (const __half2*)&kr[i];
+    for (int t = 0; t < 8; t++) qv[t] = qs[8 * (lane % KR::LPR) + t];
+    float part[KR::N];  // part[i]: this lane's 8 dims of row KR::row(i, lane)
 #pragma unroll
-            for (int t = 0; t < 4; t++) {
-                const float2 f = __half22float2(h2[t]);
-                dot[t] += qs[8 * i + 2 * t] * f.x;
-                dot[t] += qs[8 * i + 2 * t + 1] * f.y;
-            }
+    for (int i = 0; i < KR::N; i++) {
+        const __half2* h2 = (const __half2*)&kr[i];
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll
+        for (int t = 0; t < 4; t++) {
+            const float2 f = __half22float2(h2[t]);
+            s0 += qv[2 * t] * f.x;
+            s1 += qv[2 * t + 1] * f.y;
         }
-        sc = ((dot[0] + dot[1]) + (dot[2] + dot[3])) * a.scale;
+        part[i] = s0 + s1;
     }
+    // butterfly over the row's LPR lanes: at mask m a lane keeps the half of its partials its bit m selects and
+    // adds its partner's copy of that half; the last one left is row i = lane % LPR, whole
+#pragma unroll
+    for (int step = 1; step < KR::LPR; step *= 2) {
+        const int m = KR::LPR / (2 * step), n = KR::N / step;
+        const bool upper = lane & m;
+#pragma unroll
+        for (int k = 0; k < n / 2; k++) {
+            const float send = upper ? part[k] : part[k + n / 2], keep = upper ? part[k + n / 2] : part[k];
+            part[k] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+        }
+    }
+    const float sc = j <= p ? part[0] * a.scale : -INFINITY;  // rows past p were not loaded: their sums are unused
     const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
     const float e = j <= p ? expf(sc - m) : 0.0f;
     const float l = warp_sum(e);
@@ -211,7 +251,7 @@ __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&
     for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
 #pragma unroll
     for (int jj = 0; jj < 32; jj++) {
-        const float w = __shfl_sync(0xffffffffu, e, jj);  // 0 past the visible positions (their V reads as 0)
+        const float w = __shfl_sync(0xffffffffu, e, KR::lane_of(jj));  // 0 past the visible positions (their V reads as 0)
 #pragma unroll
         for (int i = 0; i < NV; i++) {
             const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
@@ -280,17 +320,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     // leaves at once.  The grid has a split per chunk of the whole cache (n_ctx), so a short context in a
     // long cache is mostly such blocks (the benchmark's 512 positions in 4352: 29 of 34 splits).
     if (z * kChunk > p) return;
-    const int j0 = z * kChunk + warp * 32, j = j0 + lane;  // S * kChunk >= n_ctx: one chunk per split
-    const int nj = min(32, p + 1 - j0);  // visible positions of this warp (may be <= 0); warp-uniform
-    uint4 kr[HD / 8];                     // this lane's K row j
-    uint32_t vr[32][NV];                  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    const int j0 = z * kChunk + warp * 32;  // S * kChunk >= n_ctx: one chunk per split
+    uint4 kr[HD / 8] = {};                   // the warp's K rows, KRows' layout
+    uint32_t vr[32][NV];                     // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step), so they are
     // loaded before the wait, overlapping the kernels before; row p is this step's RoPE + KV store.
-    const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
-    if (j < p) {
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
-    }
+    KRows<HD>::load(kr, K, dim, col0, j0, 0, p);
 #pragma unroll
     for (int jj = 0; jj < 32; jj++) {
         const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
@@ -298,10 +333,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
         for (int i = 0; i < NV; i++) vr[jj][i] = j0 + jj < p ? vp[lane + 32 * i] : 0u;
     }
     pdl_start();
-    if (j == p) {
-#pragma unroll
-        for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
-    }
+    KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
     if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
 #pragma unroll
         for (int jj = 0; jj < 32; jj++) {
@@ -314,7 +346,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
     float M, L;
-    const float o = chunk_attend<HD>(a, kr, vr, qs, j, p, wm, wl, wo, M, L);
+    const float o = chunk_attend<HD>(a, kr, vr, qs, j0, p, wm, wl, wo, M, L);
     if (d < HD) {
         if (S == 1) o_final[d] = L > 0.0f ? o / L : 0.0f;
         else part[2 + d] = o;
@@ -354,17 +386,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     }
     // a block with no chunk (z past p / 128) runs through with no loads to send the empty partial (-inf, 0, 0)
     cluster_arrive_relaxed();
-    uint4 kr[HD / 8];     // this lane's K row j
-    uint32_t vr[32][NV];  // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    uint4 kr[HD / 8] = {};  // the warp's K rows, KRows' layout
+    uint32_t vr[32][NV];    // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step); row p is this step's
     // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
     auto load_chunk = [&](int zc, bool early) {
-        const int j0 = zc * kChunk + warp * 32, j = j0 + lane, lim = early ? p : p + 1;
-        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
-        if (j < lim) {
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
-        }
+        const int j0 = zc * kChunk + warp * 32, lim = early ? p : p + 1;
+        KRows<HD>::load(kr, K, dim, col0, j0, 0, lim);
 #pragma unroll
         for (int jj = 0; jj < 32; jj++) {
             const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
@@ -376,12 +404,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     load_chunk(zc, true);
     pdl_start();
     {  // row p, if it is this block's first chunk's
-        const int j0 = zc * kChunk + warp * 32, j = j0 + lane;
-        const uint4* kp = (const uint4*)(K + int64_t(j) * dim + col0);
-        if (j == p) {
-#pragma unroll
-            for (int i = 0; i < HD / 8; i++) kr[i] = kp[i];
-        }
+        const int j0 = zc * kChunk + warp * 32;
+        KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
         if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
 #pragma unroll
             for (int jj = 0; jj < 32; jj++) {
@@ -397,7 +421,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     float Mb = -INFINITY, Lb = 0.0f, ob = 0.0f;  // the block's merge of its chunks so far (ob: value d)
     for (;;) {
         float M, L;
-        const float o = chunk_attend<HD>(a, kr, vr, qs, zc * kChunk + warp * 32 + lane, p, wm, wl, wo, M, L);
+        const float o = chunk_attend<HD>(a, kr, vr, qs, zc * kChunk + warp * 32, p, wm, wl, wo, M, L);
         const float Mn = fmaxf(Mb, M), fb = Mb > -INFINITY ? expf(Mb - Mn) : 0.0f,
                     fc = M > -INFINITY ? expf(M - Mn) : 0.0f;
         Lb = fb * Lb + fc * L;
