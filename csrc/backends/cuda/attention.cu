@@ -189,7 +189,9 @@ struct KRows {
     static __device__ __forceinline__ int row(int i, int lane) { return RPL * i + lane / LPR; }
     static __device__ __forceinline__ int pos(int lane) { return RPL * (lane % LPR) + lane / LPR; }
     static __device__ __forceinline__ int lane_of(int row) { return row / RPL + LPR * (row % RPL); }
-    // rows j0 + r of the warp with lo <= j0 + r < hi, into kr (the rest untouched)
+    // rows j0 + r of the warp with lo <= j0 + r < hi, into kr; the rest are left as they are, or with ZERO set to 0
+    // (a V row past the position must read as 0, not as whatever the cache holds: its weight 0 times a NaN is NaN)
+    template <bool ZERO = false>
     static __device__ __forceinline__ void load(uint4 (&kr)[N], const __half* K, int64_t dim, int col0, int j0, int lo,
                                                 int hi) {
         const int lane = threadIdx.x & 31;
@@ -197,21 +199,23 @@ struct KRows {
         for (int i = 0; i < N; i++) {
             const int j = j0 + row(i, lane);
             if (j >= lo && j < hi) kr[i] = *(const uint4*)(K + int64_t(j) * dim + col0 + 8 * (lane % LPR));
+            else if (ZERO) kr[i] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 };
 
 // One chunk's attention in a decode block (attention_decode_f16 and _cl): the warp scores its 32 positions
 // j0.. j0 + 31 (kr: KRows' layout; lane l ends with position j0 + KRows::pos(l)), the warp's softmax and P V over
-// its 32 V rows (vr), then the four warps' (max, sum, output) merged in shared memory (wm, wl, wo).  Returns
-// output value d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
+// its 32 V rows (vr: KRows' layout too, each lane summing its 8 dims over its rows, then the lanes of the same
+// dims), then the four warps' (max, sum, output) merged in shared memory (wm, wl, wo).  Returns output value
+// d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
 constexpr int kWarps = kThreads / 32;
 template <int HD>
-__device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&kr)[HD / 8], const uint32_t (&vr)[32][HD / 64],
+__device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&kr)[HD / 8], const uint4 (&vr)[HD / 8],
                                               const float* qs, int j0, int p, float* wm, float* wl,
                                               float (&wo)[kWarps][HD], float& M, float& L) {
     using KR = KRows<HD>;
-    constexpr int W = kWarps, NV = HD / 64;
+    constexpr int W = kWarps;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
     const int j = j0 + KR::pos(lane);
     float qv[8];  // the 8 dims of q this lane's loads hold
@@ -246,22 +250,28 @@ __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&
     const float m = warp_max(sc);  // -inf when none of the warp's positions is visible
     const float e = j <= p ? expf(sc - m) : 0.0f;
     const float l = warp_sum(e);
-    float acc[NV][2];
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};  // dims 8 (lane % LPR) .. + 8
 #pragma unroll
-    for (int i = 0; i < NV; i++) acc[i][0] = acc[i][1] = 0.0f;
+    for (int i = 0; i < KR::N; i++) {
+        // the weight of this lane's row i, from the lane that scored it (0 past the visible positions, whose V is 0)
+        const float w = __shfl_sync(0xffffffffu, e, KR::lane_of(KR::row(i, lane)));
+        const __half2* h2 = (const __half2*)&vr[i];
 #pragma unroll
-    for (int jj = 0; jj < 32; jj++) {
-        const float w = __shfl_sync(0xffffffffu, e, KR::lane_of(jj));  // 0 past the visible positions (their V reads as 0)
-#pragma unroll
-        for (int i = 0; i < NV; i++) {
-            const float2 v = __half22float2(*(const __half2*)&vr[jj][i]);
-            acc[i][0] += w * v.x;
-            acc[i][1] += w * v.y;
+        for (int t = 0; t < 4; t++) {
+            const float2 v = __half22float2(h2[t]);
+            acc[2 * t] += w * v.x;
+            acc[2 * t + 1] += w * v.y;
         }
     }
-    if (lane == 0) wm[warp] = m, wl[warp] = l;
 #pragma unroll
-    for (int i = 0; i < NV; i++) wo[warp][64 * i + 2 * lane] = acc[i][0], wo[warp][64 * i + 2 * lane + 1] = acc[i][1];
+    for (int mk = KR::LPR; mk < 32; mk *= 2)  // the lanes holding the same dims of the other rows
+#pragma unroll
+        for (int t = 0; t < 8; t++) acc[t] += __shfl_xor_sync(0xffffffffu, acc[t], mk);
+    if (lane == 0) wm[warp] = m, wl[warp] = l;
+    if (lane < KR::LPR) {
+#pragma unroll
+        for (int t = 0; t < 8; t++) wo[warp][8 * lane + t] = acc[t];
+    }
     __syncthreads();
     M = -INFINITY;
 #pragma unroll
@@ -296,13 +306,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
                                                                 float* __restrict__ partial, uint32_t* err) {
-    constexpr int W = kThreads / 32, NV = HD / 64;
+    constexpr int W = kThreads / 32;
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
     __shared__ float wo[W][HD];
     const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
     const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
+    const int warp = threadIdx.x >> 5, d = threadIdx.x;
     const int p = pos[0];
     float* o_final = out + int64_t(h) * HD;
     float* part = partial + (int64_t(h) * S + z) * (HD + 2);
@@ -322,27 +332,14 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     if (z * kChunk > p) return;
     const int j0 = z * kChunk + warp * 32;  // S * kChunk >= n_ctx: one chunk per split
     uint4 kr[HD / 8] = {};                   // the warp's K rows, KRows' layout
-    uint32_t vr[32][NV];                     // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    uint4 vr[HD / 8];                        // the warp's V rows, the same layout
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step), so they are
     // loaded before the wait, overlapping the kernels before; row p is this step's RoPE + KV store.
     KRows<HD>::load(kr, K, dim, col0, j0, 0, p);
-#pragma unroll
-    for (int jj = 0; jj < 32; jj++) {
-        const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
-#pragma unroll
-        for (int i = 0; i < NV; i++) vr[jj][i] = j0 + jj < p ? vp[lane + 32 * i] : 0u;
-    }
+    KRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, p);
     pdl_start();
     KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
-    if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
-#pragma unroll
-        for (int jj = 0; jj < 32; jj++) {
-            const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
-#pragma unroll
-            for (int i = 0; i < NV; i++)
-                if (j0 + jj == p) vr[jj][i] = vp[lane + 32 * i];
-        }
-    }
+    KRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
     for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
     float M, L;
@@ -367,7 +364,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
                                                                 uint32_t* err, Q8Act q8) {
-    constexpr int W = kThreads / 32, NV = HD / 64;
+    constexpr int W = kThreads / 32;
     static_assert(HD <= kThreads, "a thread per output value");
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
@@ -375,7 +372,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     __shared__ float inbox[kClusterSplits][HD + 2];  // the first block's, a slot per block of the cluster
     const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
     const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
+    const int warp = threadIdx.x >> 5, d = threadIdx.x;
     const int p = pos[0];
     float* o_final = out + int64_t(h) * HD;
     if (p < 0 || p >= a.n_ctx) {  // uniform over the grid
@@ -387,18 +384,13 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     // a block with no chunk (z past p / 128) runs through with no loads to send the empty partial (-inf, 0, 0)
     cluster_arrive_relaxed();
     uint4 kr[HD / 8] = {};  // the warp's K rows, KRows' layout
-    uint32_t vr[32][NV];    // V rows j0.. j0 + 31: this lane's two dims of each 64 (half2)
+    uint4 vr[HD / 8];       // the warp's V rows, the same layout
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step); row p is this step's
     // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
     auto load_chunk = [&](int zc, bool early) {
         const int j0 = zc * kChunk + warp * 32, lim = early ? p : p + 1;
         KRows<HD>::load(kr, K, dim, col0, j0, 0, lim);
-#pragma unroll
-        for (int jj = 0; jj < 32; jj++) {
-            const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
-#pragma unroll
-            for (int i = 0; i < NV; i++) vr[jj][i] = j0 + jj < lim ? vp[lane + 32 * i] : 0u;
-        }
+        KRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, lim);
     };
     int zc = z;
     load_chunk(zc, true);
@@ -406,15 +398,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     {  // row p, if it is this block's first chunk's
         const int j0 = zc * kChunk + warp * 32;
         KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
-        if (p >= j0 && p < j0 + 32) {  // warp-uniform; the unrolled select keeps vr in registers
-#pragma unroll
-            for (int jj = 0; jj < 32; jj++) {
-                const uint32_t* vp = (const uint32_t*)(V + int64_t(j0 + jj) * dim + col0);
-#pragma unroll
-                for (int i = 0; i < NV; i++)
-                    if (j0 + jj == p) vr[jj][i] = vp[lane + 32 * i];
-            }
-        }
+        KRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
     }
     if (d < HD) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
