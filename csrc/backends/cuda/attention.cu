@@ -178,35 +178,36 @@ __device__ __forceinline__ float* cluster_peer(float* p, unsigned rank) {
     return (float*)r;
 }
 
-// A warp's 32 K rows, coalesced: a row's HD / 8 lanes (LPR) read it whole, 16 bytes each, so one load
-// instruction of the warp takes RPL whole rows (256 or 128 contiguous bytes each).  Load i of lane l is dims
-// 8 (l % LPR) .. + 8 of row RPL i + l / LPR.  (When each lane read its own row, every load instruction touched
-// 32 different lines, eight times the L1 wavefronts for the same bytes.)  The dot products' partial sums meet
-// in a butterfly over the LPR lanes of a row that leaves lane l with the whole score of row pos(l).
+// A warp's 32 rows of the K or V cache, coalesced: a row's HD / 8 lanes (LPR) read it whole, 16 bytes each, so
+// one load instruction of the warp takes RPL whole rows (256 or 128 contiguous bytes each).  Load i of lane l is
+// dims 8 (l % LPR) .. + 8 of row RPL i + l / LPR.  (When each lane read its own K row, every load instruction
+// touched 32 different lines, eight times the L1 wavefronts for the same bytes; V was 4-byte loads.)  In
+// chunk_attend the K rows' partial dots meet in a butterfly over the LPR lanes of a row that leaves lane l with
+// the whole score of row pos(l).
 template <int HD>
-struct KRows {
+struct WarpRows {
     static constexpr int N = HD / 8, LPR = HD / 8, RPL = 32 / LPR;
     static __device__ __forceinline__ int row(int i, int lane) { return RPL * i + lane / LPR; }
     static __device__ __forceinline__ int pos(int lane) { return RPL * (lane % LPR) + lane / LPR; }
     static __device__ __forceinline__ int lane_of(int row) { return row / RPL + LPR * (row % RPL); }
-    // rows j0 + r of the warp with lo <= j0 + r < hi, into kr; the rest are left as they are, or with ZERO set to 0
+    // rows j0 + r of the warp with lo <= j0 + r < hi, into r; the rest are left as they are, or with ZERO set to 0
     // (a V row past the position must read as 0, not as whatever the cache holds: its weight 0 times a NaN is NaN)
     template <bool ZERO = false>
-    static __device__ __forceinline__ void load(uint4 (&kr)[N], const __half* K, int64_t dim, int col0, int j0, int lo,
-                                                int hi) {
+    static __device__ __forceinline__ void load(uint4 (&r)[N], const __half* cache, int64_t dim, int col0, int j0,
+                                                int lo, int hi) {
         const int lane = threadIdx.x & 31;
 #pragma unroll
         for (int i = 0; i < N; i++) {
             const int j = j0 + row(i, lane);
-            if (j >= lo && j < hi) kr[i] = *(const uint4*)(K + int64_t(j) * dim + col0 + 8 * (lane % LPR));
-            else if (ZERO) kr[i] = make_uint4(0u, 0u, 0u, 0u);
+            if (j >= lo && j < hi) r[i] = *(const uint4*)(cache + int64_t(j) * dim + col0 + 8 * (lane % LPR));
+            else if (ZERO) r[i] = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 };
 
 // One chunk's attention in a decode block (attention_decode_f16 and _cl): the warp scores its 32 positions
-// j0.. j0 + 31 (kr: KRows' layout; lane l ends with position j0 + KRows::pos(l)), the warp's softmax and P V over
-// its 32 V rows (vr: KRows' layout too, each lane summing its 8 dims over its rows, then the lanes of the same
+// j0.. j0 + 31 (kr: WarpRows' layout; lane l ends with position j0 + WarpRows::pos(l)), the warp's softmax and P V over
+// its 32 V rows (vr: WarpRows' layout too, each lane summing its 8 dims over its rows, then the lanes of the same
 // dims), then the four warps' (max, sum, output) merged in shared memory (wm, wl, wo).  Returns output value
 // d = threadIdx.x (0 past HD) and sets the chunk's (M, L).
 constexpr int kWarps = kThreads / 32;
@@ -214,7 +215,7 @@ template <int HD>
 __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&kr)[HD / 8], const uint4 (&vr)[HD / 8],
                                               const float* qs, int j0, int p, float* wm, float* wl,
                                               float (&wo)[kWarps][HD], float& M, float& L) {
-    using KR = KRows<HD>;
+    using KR = WarpRows<HD>;
     constexpr int W = kWarps;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, d = threadIdx.x;
     const int j = j0 + KR::pos(lane);
@@ -331,15 +332,15 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     // long cache is mostly such blocks (the benchmark's 512 positions in 4352: 29 of 34 splits).
     if (z * kChunk > p) return;
     const int j0 = z * kChunk + warp * 32;  // S * kChunk >= n_ctx: one chunk per split
-    uint4 kr[HD / 8] = {};                   // the warp's K rows, KRows' layout
+    uint4 kr[HD / 8] = {};                   // the warp's K rows, WarpRows' layout
     uint4 vr[HD / 8];                        // the warp's V rows, the same layout
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step), so they are
     // loaded before the wait, overlapping the kernels before; row p is this step's RoPE + KV store.
-    KRows<HD>::load(kr, K, dim, col0, j0, 0, p);
-    KRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, p);
+    WarpRows<HD>::load(kr, K, dim, col0, j0, 0, p);
+    WarpRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, p);
     pdl_start();
-    KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
-    KRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
+    WarpRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
+    WarpRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
     for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
     float M, L;
@@ -383,22 +384,22 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     }
     // a block with no chunk (z past p / 128) runs through with no loads to send the empty partial (-inf, 0, 0)
     cluster_arrive_relaxed();
-    uint4 kr[HD / 8] = {};  // the warp's K rows, KRows' layout
+    uint4 kr[HD / 8] = {};  // the warp's K rows, WarpRows' layout
     uint4 vr[HD / 8];       // the warp's V rows, the same layout
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step); row p is this step's
     // RoPE + KV store.  `early`: before the PDL wait, rows < p only.
     auto load_chunk = [&](int zc, bool early) {
         const int j0 = zc * kChunk + warp * 32, lim = early ? p : p + 1;
-        KRows<HD>::load(kr, K, dim, col0, j0, 0, lim);
-        KRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, lim);
+        WarpRows<HD>::load(kr, K, dim, col0, j0, 0, lim);
+        WarpRows<HD>::template load<true>(vr, V, dim, col0, j0, 0, lim);
     };
     int zc = z;
     load_chunk(zc, true);
     pdl_start();
     {  // row p, if it is this block's first chunk's
         const int j0 = zc * kChunk + warp * 32;
-        KRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
-        KRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
+        WarpRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
+        WarpRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
     }
     if (d < HD) qs[d] = q[int64_t(h) * HD + d];
     __syncthreads();
