@@ -940,13 +940,40 @@ print("done")
 '''
 
 
+# The tiny model's heads (32 dims) never take the f16 decode attention kernels of the real layouts: these run
+# them on their own -- head_dim 128 and 64, the cluster merge (8 splits, some with no positions) and the split
+# grid with the combine, the position in the middle of a warp's rows -- as decode_attention_case does.
+ATTENTION = r'''
+import os, sys, numpy as np
+import minfer._minfer as M
+s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
+rng = np.random.default_rng(0)
+for head_dim in (128, 64):
+    for merge in ("cluster", "combine"):
+        os.environ["MINFER_CUDA_ATTN_MERGE"] = merge
+        first, n_head, n_kv = 700, 12, 2
+        q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+        k = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)
+        v = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)
+        pos = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
+        meta = dict(n_head=n_head, n_head_kv=n_kv, head_dim=head_dim, kv_type="f16", n_ctx=1024,
+                    attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
+        nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
+                 dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
+        out = s.run_ops("cuda", [q, k, v, pos, pos[-1:]], nodes)[-1]
+        assert np.all(np.isfinite(out))
+print("done")
+'''
+
+
+@pytest.mark.parametrize("what", ["step", "attention"])
 @pytest.mark.parametrize("tool", ["memcheck", "racecheck"])
-def test_compute_sanitizer_decode_step(tool, tmp_path):
+def test_compute_sanitizer_decode_step(tool, what, tmp_path):
     exe = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not os.path.exists(exe):
         pytest.skip("compute-sanitizer is not installed")
     script = tmp_path / "step.py"
-    script.write_text(STEP)
+    script.write_text(STEP if what == "step" else ATTENTION)
     model = synthetic_model("qwen2-tiny-q4_0")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run([exe, "--tool", tool, "--error-exitcode", "3", sys.executable, str(script), str(model)],
