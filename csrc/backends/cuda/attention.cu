@@ -711,16 +711,8 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
     const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
-        // EXPERIMENT: MINFER_CUDA_ATTN_SMEM=<bytes> of unused dynamic shared memory a block, to cap the blocks an SM
-        size_t pad = 0;
-        if (const char* v = std::getenv("MINFER_CUDA_ATTN_SMEM")) pad = size_t(std::atol(v));
-        auto kern = a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>;
-        if (pad > 48 * 1024) {
-            cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(pad));
-            if (e != cudaSuccess) throw MinferError(strfmt("CUDA attention: %s", cudaGetErrorString(e)));
-        }
-        launch_in_clusters("attention_decode_cl", kern,
-                           dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), pad, s, C, a, q, pos, (const __half*)K,
+        launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
+                           dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
                            (const __half*)V, out, err, q8);
         return;
     }
