@@ -491,10 +491,9 @@ def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, rows,
         close(gpu, ref, 1e-5)
 
 
-def decode_attention_case(rng, head_dim, first, n_ctx, attentions):
-    """12 query heads over 2 KV heads: the f16 cache filled with positions 0..first (a multi-row store), then
-    `attentions` one-row attentions at the last position."""
-    n_head, n_head_kv = 12, 2
+def decode_attention_case(rng, head_dim, first, n_ctx, attentions, n_head=12, n_head_kv=2):
+    """12 query heads over 2 KV heads (or as given): the f16 cache filled with positions 0..first (a multi-row
+    store), then `attentions` one-row attentions at the last position."""
     q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
     k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
     v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
@@ -521,7 +520,7 @@ def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
     close(general, ref, 1e-5)
     assert not np.array_equal(split, general)
     monkeypatch.setenv("MINFER_CUDA_ATTN", "warp")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN must be 'auto' or 'general'"):
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN must be 'auto', 'general' or 'gqa'"):
         s.run_ops("cuda", inputs, nodes)
 
 
@@ -547,6 +546,36 @@ def test_decode_attention_cluster_merge(q15, rng, monkeypatch, head_dim, first, 
     monkeypatch.setenv("MINFER_CUDA_ATTN_MERGE", "dsmem")
     with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine'"):
         s.run_ops("cuda", inputs, nodes[:2])
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim,first,n_ctx", [
+    (12, 2, 128, 700, 1024), (12, 2, 128, 90, 1024), (14, 2, 64, 1100, 1300), (28, 4, 128, 512, 4352),
+    (28, 4, 128, 4095, 4352), (12, 2, 128, 6200, 6400)],
+    ids=["1.5b-700", "1.5b-90", "0.5b-1100", "7b-512", "7b-4095", "1.5b-6200"])
+def test_decode_attention_gqa(q15, rng, monkeypatch, n_head, n_head_kv, head_dim, first, n_ctx):
+    """MINFER_CUDA_ATTN=gqa: one cluster a KV head's group on the tensor cores (q and the probabilities rounded
+    to f16) matches the reference within the f16 bound of the prefill kernel (test_kvstore_attention), at the
+    real layouts' head shapes -- blocks with no chunk, walks of 2 and 7 chunks a block; two attentions in a
+    row give the same bits; shapes it cannot take are an error naming the lever."""
+    m, s = q15
+    monkeypatch.setenv("MINFER_CUDA_ATTN", "gqa")
+    inputs, nodes = decode_attention_case(rng, head_dim, first, n_ctx, 2, n_head, n_head_kv)
+    ref = s.run_ops("reference", inputs, nodes[:2])[-1]
+    out = s.run_ops("cuda", inputs, nodes)
+    assert np.array_equal(out[-1], out[-2])
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    kk = k.astype(np.float16).astype(np.float64)
+    g = n_head // n_head_kv
+    ds = max((np.abs(q[:, h * head_dim:(h + 1) * head_dim]) @ np.abs(kk[:, (h // g) * head_dim:(h // g + 1) * head_dim]).T).max()
+             for h in range(n_head)) * UH / np.sqrt(head_dim)
+    err = np.abs(out[-1] - ref).max()
+    assert err <= 2.2 * (ds + UH) * np.abs(v).max(), (err, ds)
+    monkeypatch.setenv("MINFER_CUDA_ATTN", "auto")  # the default kernel differs (f32 q and weights)
+    assert not np.array_equal(s.run_ops("cuda", inputs, nodes[:2])[-1], out[-1])
+    monkeypatch.setenv("MINFER_CUDA_ATTN", "gqa")
+    short, nodes = decode_attention_case(rng, head_dim, 60, 128, 1, n_head, n_head_kv)  # one split: not its case
+    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN=gqa takes one row"):
+        s.run_ops("cuda", short, nodes)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -941,16 +970,18 @@ print("done")
 
 
 # The tiny model's heads (32 dims) never take the f16 decode attention kernels of the real layouts: these run
-# them on their own -- head_dim 128 and 64, the cluster merge (8 splits, some with no positions) and the split
-# grid with the combine, the position in the middle of a warp's rows -- as decode_attention_case does.
+# them on their own -- head_dim 128 and 64, the cluster merge (8 splits, some with no positions), the split
+# grid with the combine and the GQA kernel, the position in the middle of a warp's rows -- as
+# decode_attention_case does.
 ATTENTION = r'''
 import os, sys, numpy as np
 import minfer._minfer as M
 s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
 rng = np.random.default_rng(0)
 for head_dim in (128, 64):
-    for merge in ("cluster", "combine"):
-        os.environ["MINFER_CUDA_ATTN_MERGE"] = merge
+    for merge in ("cluster", "combine", "gqa"):
+        os.environ["MINFER_CUDA_ATTN"] = "gqa" if merge == "gqa" else "auto"
+        os.environ["MINFER_CUDA_ATTN_MERGE"] = "auto" if merge == "gqa" else merge
         first, n_head, n_kv = 700, 12, 2
         q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
         k = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)
