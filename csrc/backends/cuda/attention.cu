@@ -454,12 +454,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
 // Fragments (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A row g holds columns 2t, 2t+1 (a0) and 2t+8,
 // 2t+9 (a2) -- rows g+8 (a1, a3) are the padding heads, zero; B column g holds rows 2t, 2t+1 (b0) and 2t+8, 2t+9
 // (b1); C row g holds columns 2t, 2t+1.  The scores' k index (a head dim) may be any permutation shared by q and
-// K: thread t takes the dims of its four 16-byte pieces of each K row (bytes 64u + 16t, u < HD / 32), e-th dim
+// K: thread t takes the dims of its HD / 32 16-byte pieces of each K row (bytes 64u + 16t), the e-th dim
 // of them = 32 (e / 8) + 8t + e % 8, and k-step s takes e = 4s.. 4s+3, so K's b0/b1 are words 2s, 2s+1 of the
 // thread's pieces and q's a0/a2 one float4 of dims.  P V: the score C fragments of n-tiles 2k, 2k+1 are the A
 // fragment of positions 16k.. 16k+15 (the flash-attention register reuse); its B is V rows 16k + 2t, 2t+1,
-// 2t+8, 2t+9 at dims (HD / 8) g + nt of n-tile nt (the output dims permuted: thread g's 16 are contiguous, one
-// or two 16-byte pieces a row), two rows' halves paired by a byte permute.
+// 2t+8, 2t+9 at dims (HD / 8) g + nt of n-tile nt (the output dims permuted: thread g's HD / 8 are contiguous,
+// one or two 16-byte pieces a row), two rows' halves paired by a byte permute.
 constexpr int kGqaHeads = 8;
 
 __device__ __forceinline__ void mma_pad8(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
