@@ -523,6 +523,23 @@ struct GqaFrags {
     }
 };
 
+// n partials (max m, sum l, HD outputs) of one head, `stride` floats apart from p: their merge, weights exp(m_i - M)
+// (0 for a partial with no visible position).  Returns output value d (unnormalized) and sets M and L.
+template <int HD>
+__device__ __forceinline__ float merge_gqa_partials(const float* p, int n, int stride, int d, float& M, float& L) {
+    M = -INFINITY;
+    for (int i = 0; i < n; i++) M = fmaxf(M, p[i * stride]);
+    L = 0.0f;
+    float acc = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const float* b = p + i * stride;
+        const float fw = b[0] > -INFINITY ? expf(b[0] - M) : 0.0f;
+        L += fw * b[1];
+        acc += fw * b[2 + d];
+    }
+    return acc;
+}
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_decode_gqa(AttnShape a, const float* __restrict__ q,
                                                              const int32_t* __restrict__ pos,
@@ -634,18 +651,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_gqa(AttnShape a, co
 #pragma unroll
     for (int i = 0; i < PER; i++) {
         const int v = threadIdx.x + kThreads * i, h = v / HD, d = v % HD;
-        float M = -INFINITY;
-#pragma unroll
-        for (int w = 0; w < W; w++) M = fmaxf(M, buf[(w * H + h) * (HD + 2)]);
-        float L = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < W; w++) {
-            const float* b = buf + (w * H + h) * (HD + 2);
-            const float fw = b[0] > -INFINITY ? expf(b[0] - M) : 0.0f;
-            L += fw * b[1];
-            acc += fw * b[2 + d];
-        }
-        bm[i] = M, bl[i] = L, bo[i] = acc;
+        bo[i] = merge_gqa_partials<HD>(buf + h * (HD + 2), W, H * (HD + 2), d, bm[i], bl[i]);
     }
     // every block's warps are merged (and so the first block's buffer is free) before anyone writes into it
     cluster_arrive_release();
@@ -666,15 +672,8 @@ __global__ void __launch_bounds__(kThreads) attention_decode_gqa(AttnShape a, co
     for (int i = 0; i < PER; i++) {
         const int v = threadIdx.x + kThreads * i, h = v / HD, d = v % HD;
         if (h >= G) continue;  // uniform over a warp: a warp's 32 values are one head's
-        float M = -INFINITY;
-        for (int r = 0; r < S; r++) M = fmaxf(M, buf[(r * H + h) * (HD + 2)]);
-        float L = 0.0f, acc = 0.0f;
-        for (int r = 0; r < S; r++) {
-            const float* b = buf + (r * H + h) * (HD + 2);
-            const float fw = b[0] > -INFINITY ? expf(b[0] - M) : 0.0f;
-            L += fw * b[1];
-            acc += fw * b[2 + d];
-        }
+        float M, L;
+        const float acc = merge_gqa_partials<HD>(buf + h * (HD + 2), S, H * (HD + 2), d, M, L);
         const float y = L > 0.0f ? acc / L : 0.0f;
         const int64_t col = (int64_t(kvh) * G + h) * HD + d;
         out[col] = y;
