@@ -73,6 +73,34 @@ def rng():
     return np.random.default_rng(1234)
 
 
+@pytest.fixture
+def setting():
+    """setting(name, value): a MINFER_* setting for one test (minfer.set_setting), restored after it."""
+    import minfer
+
+    saved = {}
+
+    def set_(name: str, value: str) -> None:
+        if name not in saved:
+            saved[name] = minfer._minfer.setting(name)
+        minfer.set_setting(name, value)
+
+    yield set_
+    for name, value in saved.items():
+        minfer.set_setting(name, value)
+
+
+@pytest.fixture
+def force():
+    """force(choice, value): a kernel choice forced for one test (minfer.engine.force_kernel, the one test hook
+    that reaches a path the dispatch rules would not take); every choice goes back to its rule after it."""
+    from minfer import engine
+
+    yield engine.force_kernel
+    for c in engine.kernel_choices():
+        engine.force_kernel(c["name"], "auto")
+
+
 SYNTHETIC = ["qwen3-tiny-f32", "qwen3-tiny-q8_0", "qwen2-tiny-f32", "qwen2-tiny-f16", "qwen2-tiny-q8_0",
              "qwen2-tiny-q4_0", "qwen2-tiny-q4_1", "qwen2-tiny-q5_0", "qwen2-tiny-q5_1", "llama-tiny-f32",
              "llama-tiny-q8_0"]

@@ -96,242 +96,201 @@ def check_against_float64(rng, wtype, n, k, rows, path):
 @pytest.mark.parametrize("kernel", ["block", "warp"])
 @pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q5_0", 101, 896),
                                        ("q8_0", 1000, 4864), ("q4_0", 8, 3584)])
-def test_one_row_matvec_kernels(rng, monkeypatch, kernel, wtype, n, k):
+def test_one_row_matvec_kernels(rng, force, kernel, wtype, n, k):
     """Both kernels for one activation row (8 rows a block with K split over its warps, and a warp
     per row), forced by the lever whatever the row length, on row counts that leave a block part
     empty and rows shorter than the block's 32 lanes slots."""
-    monkeypatch.setenv("MINFER_CUDA_MV", kernel)
+    force("cuda.matvec", kernel)
     check_against_float64(rng, wtype, n, k, 1, "q8")
 
 
-def test_one_row_matvec_lever(rng, monkeypatch):
-    """A number is the shortest row the block kernel takes; unset, Q4_K takes it and Q8_0 does not;
-    a bad value is an error."""
+def test_one_row_matvec_rule(rng, force):
+    """The dispatch rule: Q4_K rows of 2048 take the block kernel, Q8_0 rows the warp kernel."""
     t, w = random_weight("q4_k", 64, 2048, rng)
     x = rng.standard_normal((1, 2048)).astype(np.float32)
     res = {}
-    for v in ("block", "warp", "2048", "2049"):
-        monkeypatch.setenv("MINFER_CUDA_MV", v)
+    for v in ("block", "warp"):
+        force("cuda.matvec", v)
         res[v] = M.cuda_matmul(t, w, x, 64, path="q8")[0]
     assert not np.array_equal(res["block"], res["warp"])  # the sums are ordered differently
-    assert np.array_equal(res["2048"], res["block"]) and np.array_equal(res["2049"], res["warp"])
-    monkeypatch.delenv("MINFER_CUDA_MV")  # the rule: K-quant rows of K >= 1024 take the block kernel
+    force("cuda.matvec", "auto")  # the rule: K-quant rows of K >= 1024 take the block kernel
     assert np.array_equal(M.cuda_matmul(t, w, x, 64, path="q8")[0], res["block"])
     t8, w8 = random_weight("q8_0", 64, 2048, rng)
     auto = M.cuda_matmul(t8, w8, x, 64, path="q8")[0]
-    monkeypatch.setenv("MINFER_CUDA_MV", "warp")
+    force("cuda.matvec", "warp")
     assert np.array_equal(auto, M.cuda_matmul(t8, w8, x, 64, path="q8")[0])
-    monkeypatch.setenv("MINFER_CUDA_MV", "many")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV must be"):
-        M.cuda_matmul(t, w, x, 64, path="q8")
 
 
 @pytest.mark.parametrize("wtype,n,k,pipe", [("q4_k", 1003, 2048, "1"), ("q4_k", 4608, 3584, "1"), ("q4_k", 64, 7936, "1"),
                                             ("q4_k", 13, 256, "1"), ("q4_k", 16, 18944, "1"), ("q6_k", 300, 3584, "all")])
-def test_pipe_matvec(rng, monkeypatch, wtype, n, k, pipe):
+def test_pipe_matvec(rng, force, wtype, n, k, pipe):
     """Rows with x in shared memory and each lane's Q4_K weights loaded a chunk ahead (the pipe kernel) give
     exactly the block kernel's sums -- the same chunks per lane, summed in the same order -- with rows that end
     mid-block, rows shorter than a block's 32 lane slots (K = 256), rows of 8192 or more (K = 18944: the block
-    kernel takes them) and Q6_K rows (walked as the block kernel walks them; only with the lever at 'all');
-    within the float64 bound; a bad lever value is an error."""
+    kernel takes them) and Q6_K rows (walked as the block kernel walks them; only with the choice at 'all');
+    within the float64 bound."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STAGE", "off")
+    force("cuda.matvec", "block")
+    force("cuda.matvec_stage", "off")
     res = {}
     for v in ("0", pipe):
-        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
+        force("cuda.matvec_pipe", v)
         res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
     assert np.array_equal(res["0"], res[pipe])
     # one or two chunks ahead, or a lane's whole row (K <= 4096: at most two chunks): the same chunks, summed in
     # the same order
     for ahead in ("1", "2") + (("whole",) if k <= 4096 else ()):
-        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        force("cuda.pipe_ahead", ahead)
         assert np.array_equal(res["0"], M.cuda_matmul(t, w, x, n, path="q8")[0]), ahead
     if 4096 < k < 8192:  # a third chunk a lane: the whole-row build cannot take it
-        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "whole")
+        force("cuda.pipe_ahead", "whole")
         with pytest.raises(minfer.MinferError, match="more than two chunks a lane"):
             M.cuda_matmul(t, w, x, n, path="q8")
-    monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
+    force("cuda.pipe_ahead", "auto")
     check_against_float64(rng, wtype, n, k, 1, "q8")
-    monkeypatch.setenv("MINFER_CUDA_MV_PIPE", "yes")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_PIPE must be 0, 1 or all"):
-        M.cuda_matmul(t, w, x, n, path="q8")
-    if k < 8192:  # launches the pipe kernel takes read the lever
-        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", pipe)
-        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "3")
-        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole"):
-            M.cuda_matmul(t, w, x, n, path="q8")
 
 
 @pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q6_k", 300, 3584),
                                        ("q4_k", 64, 8960)])
-def test_block_matvec_staging(rng, monkeypatch, wtype, n, k):
-    """The block kernel's weight rows copied into shared memory first (before the PDL wait or after it)
-    give exactly the sums the reads from global memory give -- the same loads, another place --
-    including row counts whose last block is not staged (1003, 13, 300 rows); unset, rows of at most
-    12 KB a block (8 rows) are staged before the wait and longer ones not (Q4_K rows shorter than 8192 take
-    the pipe kernel instead, with the same bits); a bad value is an error."""
+def test_block_matvec_staging(rng, force, wtype, n, k):
+    """The block kernel's weight rows copied into shared memory first (before the PDL wait) give exactly
+    the sums the reads from global memory give -- the same loads, another place -- including row counts
+    whose last block is not staged (1003, 13, 300 rows); by rule, rows of at most 12 KB a block (8 rows)
+    are staged and longer ones not (Q4_K rows shorter than 8192 take the pipe kernel instead, with the
+    same bits)."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    force("cuda.matvec", "block")
     res = {}
-    for v in ("off", "after", "before"):
-        monkeypatch.setenv("MINFER_CUDA_MV_STAGE", v)
+    for v in ("off", "before"):
+        force("cuda.matvec_stage", v)
         res[v] = M.cuda_matmul(t, w, x, n, path="q8")[0]
-    assert np.array_equal(res["off"], res["after"]) and np.array_equal(res["off"], res["before"])
-    monkeypatch.delenv("MINFER_CUDA_MV_STAGE")
+    assert np.array_equal(res["off"], res["before"])
+    force("cuda.matvec_stage", "auto")
     auto = M.cuda_matmul(t, w, x, n, path="q8")[0]
     assert np.array_equal(auto, res["before"] if 8 * w.shape[1] <= 12 * 1024 else res["off"])
     check_against_float64(rng, wtype, n, k, 1, "q8")
-    monkeypatch.setenv("MINFER_CUDA_MV_STAGE", "early")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STAGE must be 'auto', 'off', 'after' or 'before'"):
-        M.cuda_matmul(t, w, x, n, path="q8")
 
 
 @pytest.mark.parametrize("n,k", [(300, 3584), (1000, 8960), (77, 1536)])
-def test_q6k_block_unrolled(rng, monkeypatch, n, k):
-    """The block kernel's Q6_K build unrolled by two (taken where a lane has a second chunk: K > 2048) sums the
-    same chunks in the same order as the rolled one, the 32 taken off each weight by a dp4a of x instead of
-    byte-wise -- the same integers: the same bits as MINFER_CUDA_MV_Q6K=old (the rolled build below 8192), and
-    within the float64 bound; a bad value is an error."""
-    t, w = random_weight("q6_k", n, k, rng)
-    x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")  # the block kernel's builds (K >= 8192 would take the stream)
-    auto = M.cuda_matmul(t, w, x, n, path="q8")[0]
-    monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "old")
-    assert np.array_equal(auto, M.cuda_matmul(t, w, x, n, path="q8")[0])
-    monkeypatch.delenv("MINFER_CUDA_MV_Q6K")
+def test_q6k_block_builds(rng, force, n, k):
+    """The block kernel's Q6_K builds -- unrolled by two where a lane has a second chunk (K > 2048: 3584, 8960),
+    rolled where it has one (1536) -- within the float64 bound."""
+    force("cuda.matvec", "block")
+    force("cuda.matvec_stream", "0")  # the block kernel's builds (K >= 8192 would take the stream)
     check_against_float64(rng, "q6_k", n, k, 1, "q8")
-    monkeypatch.setenv("MINFER_CUDA_MV_Q6K", "2")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_Q6K must be auto or old"):
-        M.cuda_matmul(t, w, x, n, path="q8")
 
 
-def block_kernel_case(rng, monkeypatch, wtype, n, k):
+def block_kernel_case(rng, force, wtype, n, k):
     """Random rows of a type and one x row, the lever set to the block kernel's family (block, pipe: not the
     warp or the stream kernel), and its result: (type, w, x, y)."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "0")
+    force("cuda.matvec", "block")
+    force("cuda.matvec_stream", "0")
     return t, w, x, M.cuda_matmul(t, w, x, n, path="q8")[0]
 
 
 @pytest.mark.parametrize("wtype,n,k,spreads", [("q6_k", 300, 18944, True), ("q4_k", 1001, 8960, True),
                                                ("q6_k", 3584, 3584, True), ("q6_k", 8000, 3584, True),
                                                ("q4_k", 3584, 3584, False), ("q6_k", 13, 1536, False)])
-def test_spread_matvec(rng, monkeypatch, wtype, n, k, spreads):
-    """MINFER_CUDA_MV_SPREAD: a launch of the block kernel unrolled by two (Q6_K / Q4_K rows of 8192 and more, Q6_K
+def test_spread_matvec(rng, force, wtype, n, k, spreads):
+    """cuda.matvec_spread: a launch of the block kernel unrolled by two (Q6_K / Q4_K rows of 8192 and more, Q6_K
     rows past 2048) deals its rows evenly to whole waves of blocks (1-8 a block: 300 rows one a block, 1001 one or
     two, 3584 six or seven; 8000 rows, more than a wave of 8 a block, over two waves) and gives the
     8-rows-a-block launch's bits, under auto (the default), 1 and only; =only shows it ran, and raises for the
     pipe kernel (Q4_K rows of 3584: no spread build) and the rolled Q6_K build; a bad value is an error."""
-    t, w, x, base = block_kernel_case(rng, monkeypatch, wtype, n, k)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
+    t, w, x, base = block_kernel_case(rng, force, wtype, n, k)
+    force("cuda.matvec_spread", "only")
     if spreads:
         assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], base)
     else:
-        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: "):
+        with pytest.raises(minfer.MinferError, match="cuda.matvec_spread=only: "):
             M.cuda_matmul(t, w, x, n, path="q8")
     for v in ("1", "0", "auto"):
-        monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", v)
+        force("cuda.matvec_spread", v)
         assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], base), v
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "yes")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD must be auto, 0, 1 or only"):
-        M.cuda_matmul(t, w, x, n, path="q8")
 
 
-def test_spread_not_on_fused_parts(q15, rng, monkeypatch):
+def test_spread_not_on_fused_parts(q15, rng, force):
     """The pipe kernel has no spread build (spreading its whole-row build lost 7 % on the 7B, CUDA_NOTES run 137):
     the 1.5B's launches of several parts -- q, k and v (Q4_K, Q4_K, Q6_K) and gate and up with SwiGLU -- in its
-    whole-row build raise under MINFER_CUDA_MV_SPREAD=only, and give the same bits under 1 as under 0."""
+    whole-row build raise under cuda.matvec_spread=only, and give the same bits under 1 as under 0."""
     m, s = q15
     x = rng.standard_normal((1, 1536)).astype(np.float32)
     nodes = fused_decode_nodes("blk.5.")
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
-    monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", "whole")
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "0")
+    force("cuda.matvec", "block")
+    force("cuda.pipe_ahead", "whole")
+    force("cuda.matvec_spread", "0")
     base = s.run_ops("cuda", [x], nodes)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
+    force("cuda.matvec_spread", "1")
     for a, b in zip(base, s.run_ops("cuda", [x], nodes)):
         assert np.array_equal(a, b)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread"):
+    force("cuda.matvec_spread", "only")
+    with pytest.raises(minfer.MinferError, match="cuda.matvec_spread=only: this launch's kernel has no spread"):
         s.run_ops("cuda", [x], nodes)
 
 
-def test_spread_decode_is_bit_exact(rng, monkeypatch):
-    """The 1.5B layout decodes to the same logits with MINFER_CUDA_MV_SPREAD=1 as with 0: its downs (Q4_K and
+def test_spread_decode_is_bit_exact(rng, force):
+    """The 1.5B layout decodes to the same logits with cuda.matvec_spread=1 as with 0: its downs (Q4_K and
     Q6_K rows of 8960, the block kernel unrolled by two, 192 blocks of 8 rows where a wave holds 4 an SM; auto
     leaves them, under half a wave) are spread, graph replays included.  (=only raises in the same decode: its
     launches read the lever, and its other matvecs have no spread build.)"""
     model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "0")
+    force("cuda.matvec_spread", "0")
     base, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "1")
+    force("cuda.matvec_spread", "1")
     spread, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     assert np.array_equal(base, spread)
-    monkeypatch.setenv("MINFER_CUDA_MV_SPREAD", "only")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_SPREAD=only: "):
+    force("cuda.matvec_spread", "only")
+    with pytest.raises(minfer.MinferError, match="cuda.matvec_spread=only: "):
         forward(model, "cuda", prompt, 1, n_ctx=64)
 
 
 @pytest.mark.parametrize("wtype,n,k", [("q6_k", 35003, 1536), ("q4_k", 34001, 2048), ("q6_k", 300, 18944),
                                        ("q4_k", 299, 18944), ("q6_k", 36000, 3584), ("q6_k", 13, 1536),
                                        ("q4_k", 40, 512)])
-def test_stream_matvec(rng, monkeypatch, wtype, n, k):
+def test_stream_matvec(rng, force, wtype, n, k):
     """The stream kernel -- the block kernel's rows and lanes, each lane's chunks loaded ahead of the one it
     computes and the stream running on across a block's groups of 8 rows -- gives the block kernel's bits.  The
     rule takes vocabulary-like launches (more groups than 8 waves of blocks: the grid is smaller than the groups,
     so every block walks several) with one chunk a lane, or two of Q6_K (the 36000 x 3584 case);
-    MINFER_CUDA_MV_STREAM=only forces it on long rows (a lane walks 9-10 chunks), two chunks a lane, short rows and
+    cuda.matvec_stream=only forces it on long rows (a lane walks 9-10 chunks), two chunks a lane, short rows and
     a last group of 3-7 rows, and raises where it cannot run, so each case shows it ran.  Within the float64
     bound; bad lever values are errors."""
-    t, w, x, block = block_kernel_case(rng, monkeypatch, wtype, n, k)
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "auto")
+    t, w, x, block = block_kernel_case(rng, force, wtype, n, k)
+    force("cuda.matvec_stream", "auto")
     assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "only")
+    force("cuda.matvec_stream", "only")
     for ahead in ("1", "2") if wtype == "q4_k" else ("auto",):
-        monkeypatch.setenv("MINFER_CUDA_MV_STREAM_AHEAD", ahead)
+        force("cuda.stream_ahead", ahead)
         assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block), ahead
-    monkeypatch.delenv("MINFER_CUDA_MV_STREAM_AHEAD")
+    force("cuda.stream_ahead", "auto")
     if n * k < 2e7:  # the float64 reference of the largest cases would take a minute of CPU
         check_against_float64(rng, wtype, n, k, 1, "q8")
-    if wtype == "q4_k":
-        monkeypatch.setenv("MINFER_CUDA_MV_STREAM_AHEAD", "3")
-        with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM_AHEAD must be auto, 1 or 2"):
-            M.cuda_matmul(t, w, x, n, path="q8")
-        monkeypatch.delenv("MINFER_CUDA_MV_STREAM_AHEAD")
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "yes")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM must be auto, 0 or only"):
-        M.cuda_matmul(t, w, x, n, path="q8")
 
 
-def test_stream_matvec_only_raises_where_it_cannot_run(q15, monkeypatch):
-    """MINFER_CUDA_MV_STREAM=only on a whole decode step: the fused gate/up (swiglu, two parts) cannot take the
+def test_stream_matvec_only_raises_where_it_cannot_run(q15, force):
+    """cuda.matvec_stream=only on a whole decode step: the fused gate/up (swiglu, two parts) cannot take the
     stream kernel, and says so instead of running another kernel."""
     m, _ = q15
-    monkeypatch.setenv("MINFER_CUDA_MV_STREAM", "only")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_MV_STREAM=only: this launch is not one part"):
+    force("cuda.matvec_stream", "only")
+    with pytest.raises(minfer.MinferError, match="cuda.matvec_stream=only: this launch is not one part"):
         M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
 
 
-def test_decode_path_lever(rng, monkeypatch):
+def test_decode_path_lever(rng, force):
     """auto takes the 8-bit-activation matvec (it computes differently from the f32 one);
-    MINFER_CUDA_DECODE=f32 switches back; a bad value is an error."""
+    cuda.decode_activations=f32 switches back; a bad value is an error."""
     t, w = random_weight("q4_k", 64, 512, rng)
     x = rng.standard_normal((1, 512)).astype(np.float32)
     q8 = M.cuda_matmul(t, w, x, 64)[0]
     assert np.array_equal(q8, M.cuda_matmul(t, w, x, 64, path="q8")[0])
-    monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
+    force("cuda.decode_activations", "f32")
     f32 = M.cuda_matmul(t, w, x, 64)[0]
     assert np.array_equal(f32, M.cuda_matmul(t, w, x, 64, path="f32")[0]) and not np.array_equal(f32, q8)
-    monkeypatch.setenv("MINFER_CUDA_DECODE", "int4")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_DECODE must be 'q8' or 'f32'"):
-        M.cuda_matmul(t, w, x, 64)
 
 
 # ---- rung 1: the other ops against the reference backend --------------------------------------
@@ -407,12 +366,12 @@ def test_matmul_node_with_bias(q15, rng):
 
 @pytest.mark.parametrize("n,kernel", [(1, "block"), (1, "warp"), (3, ""), (20, "")],
                          ids=["decode-block", "decode-warp", "decode3", "prefill"])
-def test_fused_qkv_and_ffn_match_unfused(q15, rng, monkeypatch, n, kernel):
+def test_fused_qkv_and_ffn_match_unfused(q15, rng, force, n, kernel):
     """One launch for q, k, v (types Q4_K/Q4_K/Q6_K here) and one for gate+up+SwiGLU,
     against the reference's separate nodes (bound as test_matmul_node_with_bias).  One row
     takes either one-row kernel (the block one: 4 gate and 4 up rows a block with SwiGLU)."""
     if kernel:
-        monkeypatch.setenv("MINFER_CUDA_MV", kernel)
+        force("cuda.matvec", kernel)
     m, s = q15
     x = rng.standard_normal((n, 1536)).astype(np.float32)
     L = "blk.5."  # its v is Q6_K
@@ -443,7 +402,7 @@ def fused_decode_nodes(L):
                  meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight"))]
 
 
-def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
+def test_pipe_kernel_on_fused_parts(q15, rng, force):
     """The pipe kernel on the decode launches with several parts -- q, k and v of types Q4_K / Q4_K / Q6_K in
     one launch, gate and up with SwiGLU -- gives the block kernel's bits, loading one chunk ahead or two."""
     m, s = q15
@@ -452,11 +411,11 @@ def test_pipe_kernel_on_fused_parts(q15, rng, monkeypatch):
     nodes = fused_decode_nodes(L)
     g = minfer.gguf.open(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     assert [g.tensors[L + f"attn_{p}.weight"].type for p in "qkv"] == [12, 12, 14]  # Q4_K, Q4_K, Q6_K
-    monkeypatch.setenv("MINFER_CUDA_MV", "block")
+    force("cuda.matvec", "block")
     out = {}
     for v, ahead in (("0", "auto"), ("1", "1"), ("1", "2"), ("1", "whole")):
-        monkeypatch.setenv("MINFER_CUDA_MV_PIPE", v)
-        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        force("cuda.matvec_pipe", v)
+        force("cuda.pipe_ahead", ahead)
         out[v + ahead] = s.run_ops("cuda", [x], nodes)
     for key in ("11", "12", "1whole"):
         for a, b in zip(out["0auto"], out[key]):
@@ -506,32 +465,29 @@ def decode_attention_case(rng, head_dim, first, n_ctx, attentions, n_head=12, n_
 
 
 @pytest.mark.parametrize("head_dim,first", [(128, 700), (64, 700), (64, 90), (128, 6200)])
-def test_decode_attention_kernels_agree(q15, rng, monkeypatch, head_dim, first):
-    """Decode over an f16 cache takes the warp-split kernel; MINFER_CUDA_ATTN=general the general one.
+def test_decode_attention_kernels_agree(q15, rng, force, head_dim, first):
+    """Decode over an f16 cache takes the warp-split kernel; cuda.attention=general the general one.
     Both match the reference (f32 sums in different orders); the switch changes the computation.
     At 6200 the combine merges 49 splits (more than its first warp has lanes)."""
     m, s = q15
     inputs, nodes = decode_attention_case(rng, head_dim, first, max(1024, first + 200), attentions=1)
     ref = s.run_ops("reference", inputs, nodes)[-1]
     split = s.run_ops("cuda", inputs, nodes)[-1]
-    monkeypatch.setenv("MINFER_CUDA_ATTN", "general")
+    force("cuda.attention", "general")
     general = s.run_ops("cuda", inputs, nodes)[-1]
     close(split, ref, 1e-5)
     close(general, ref, 1e-5)
     assert not np.array_equal(split, general)
-    monkeypatch.setenv("MINFER_CUDA_ATTN", "warp")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN must be 'auto', 'general' or 'gqa'"):
-        s.run_ops("cuda", inputs, nodes)
 
 
 @pytest.mark.parametrize("head_dim,first,n_ctx", [(128, 90, 1024), (64, 700, 1024), (128, 200, 256), (128, 1100, 1300),
                                                   (64, 1100, 1300), (128, 6200, 6400)])
-def test_decode_attention_cluster_merge(q15, rng, monkeypatch, head_dim, first, n_ctx):
+def test_decode_attention_cluster_merge(q15, rng, force, head_dim, first, n_ctx):
     """Decode's splits merged inside the attention kernel by one cluster of up to 8 blocks a head (distributed
     shared memory) match the reference, as the combine launch does: blocks with no chunk (90 and 700 positions
     in 1024), a cluster of 2 (n_ctx 256), and blocks that walk 2 and 7 chunks (1100 positions in 1300, 6200 in
-    6400; the lever forces the cluster merge, which the rule gives only 8-split caches at 12 heads).  Two
-    attentions in a row give the same bits; a bad lever value is an error."""
+    6400; the choice forces the cluster merge, which the rule gives only 8-split caches at 12 heads).  Two
+    attentions in a row give the same bits."""
     m, s = q15
     inputs, nodes = decode_attention_case(rng, head_dim, first, n_ctx, attentions=2)
     ref = s.run_ops("reference", inputs, nodes[:2])[-1]
@@ -539,43 +495,10 @@ def test_decode_attention_cluster_merge(q15, rng, monkeypatch, head_dim, first, 
     assert np.array_equal(out[-1], out[-2])
     close(out[-1], ref, 1e-5)
     for merge in ("cluster", "combine"):  # forced either way (auto keeps 12 heads of more than 8 splits on the combine)
-        monkeypatch.setenv("MINFER_CUDA_ATTN_MERGE", merge)
+        force("cuda.attention_merge", merge)
         out = s.run_ops("cuda", inputs, nodes)
         assert np.array_equal(out[-1], out[-2])
         close(out[-1], ref, 1e-5)
-    monkeypatch.setenv("MINFER_CUDA_ATTN_MERGE", "dsmem")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine'"):
-        s.run_ops("cuda", inputs, nodes[:2])
-
-
-@pytest.mark.parametrize("n_head,n_head_kv,head_dim,first,n_ctx", [
-    (12, 2, 128, 700, 1024), (12, 2, 128, 90, 1024), (14, 2, 64, 1100, 1300), (28, 4, 128, 512, 4352),
-    (28, 4, 128, 4095, 4352), (12, 2, 128, 6200, 6400)],
-    ids=["1.5b-700", "1.5b-90", "0.5b-1100", "7b-512", "7b-4095", "1.5b-6200"])
-def test_decode_attention_gqa(q15, rng, monkeypatch, n_head, n_head_kv, head_dim, first, n_ctx):
-    """MINFER_CUDA_ATTN=gqa: one cluster a KV head's group on the tensor cores (q and the probabilities rounded
-    to f16) matches the reference within the f16 bound of the prefill kernel (test_kvstore_attention), at the
-    real layouts' head shapes -- blocks with no chunk, walks of 2 and 7 chunks a block; two attentions in a
-    row give the same bits; shapes it cannot take are an error naming the lever."""
-    m, s = q15
-    monkeypatch.setenv("MINFER_CUDA_ATTN", "gqa")
-    inputs, nodes = decode_attention_case(rng, head_dim, first, n_ctx, 2, n_head, n_head_kv)
-    ref = s.run_ops("reference", inputs, nodes[:2])[-1]
-    out = s.run_ops("cuda", inputs, nodes)
-    assert np.array_equal(out[-1], out[-2])
-    q, k, v = inputs[0], inputs[1], inputs[2]
-    kk = k.astype(np.float16).astype(np.float64)
-    g = n_head // n_head_kv
-    ds = max((np.abs(q[:, h * head_dim:(h + 1) * head_dim]) @ np.abs(kk[:, (h // g) * head_dim:(h // g + 1) * head_dim]).T).max()
-             for h in range(n_head)) * UH / np.sqrt(head_dim)
-    err = np.abs(out[-1] - ref).max()
-    assert err <= 2.2 * (ds + UH) * np.abs(v).max(), (err, ds)
-    monkeypatch.setenv("MINFER_CUDA_ATTN", "auto")  # the default kernel differs (f32 q and weights)
-    assert not np.array_equal(s.run_ops("cuda", inputs, nodes[:2])[-1], out[-1])
-    monkeypatch.setenv("MINFER_CUDA_ATTN", "gqa")
-    short, nodes = decode_attention_case(rng, head_dim, 60, 128, 1, n_head, n_head_kv)  # one split: not its case
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_ATTN=gqa takes one row"):
-        s.run_ops("cuda", short, nodes)
 
 
 @pytest.mark.parametrize("rows", [1, 5])
@@ -629,61 +552,59 @@ def qkv_rope_case(rng, rows, kv_type, neox, pos0=600):
 
 @pytest.mark.parametrize("rows,kv_type,neox,path", [(1, "f16", True, "epilogue"), (1, "f32", False, "epilogue"),
                                                     (1, "q8_0", True, "kernel"), (3, "f16", True, "kernel")])
-def test_qkv_rope_matches_unfused(q15, rng, monkeypatch, rows, kv_type, neox, path):
+def test_qkv_rope_matches_unfused(q15, rng, force, rows, kv_type, neox, path):
     """FusedQkvRope -- the q/k/v projection whose decode matvec rotates q and k and stores k and v in its
     epilogue -- gives the bits of FusedQKV + RopeKvStore: q rotated, k and v as projected, and the attention
-    over the cache it wrote.  One row with an f16/f32 cache takes the epilogue (MINFER_CUDA_QKV_ROPE=epilogue
+    over the cache it wrote.  One row with an f16/f32 cache takes the epilogue (cuda.qkv_rope=epilogue
     makes any other path an error, so the test shows which path ran); a q8_0 cache (a row block spans other
     blocks' rows) or several rows run the projection, then the rope_kv_store kernel."""
     m, s = q15
     inputs, unfused_nodes, fused_nodes = qkv_rope_case(rng, rows, kv_type, neox)
     unfused = s.run_ops("cuda", inputs, unfused_nodes)
     if path == "epilogue":
-        monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+        force("cuda.qkv_rope", "epilogue")
     for ahead in ("auto", "1", "2", "whole"):  # every build of the pipe kernel's epilogue
-        monkeypatch.setenv("MINFER_CUDA_MV_AHEAD", ahead)
+        force("cuda.pipe_ahead", ahead)
         fused = s.run_ops("cuda", inputs, fused_nodes)
         assert np.array_equal(fused[2][:, :1536], unfused[3]), ahead   # rotated q
         assert np.array_equal(fused[2][:, 1536:], unfused[2][:, 1536:]), ahead  # k, v as projected
         assert np.array_equal(fused[3], unfused[4]), ahead  # attention over the cache the fused node wrote
-    monkeypatch.delenv("MINFER_CUDA_MV_AHEAD")
-    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+    force("cuda.pipe_ahead", "auto")
+    force("cuda.qkv_rope", "epilogue")
     if path == "kernel" and rows == 1:
         with pytest.raises(minfer.MinferError, match="cannot rotate and store"):
             s.run_ops("cuda", inputs, fused_nodes)
-    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue" if path == "epilogue" else "1")
+    force("cuda.qkv_rope", "epilogue" if path == "epilogue" else "1")
     bad = [inputs[0], inputs[1] + 1024]
     with pytest.raises(minfer.MinferError, match="position"):
         s.run_ops("cuda", bad, fused_nodes[:1])
-    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "on")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_QKV_ROPE must be"):
-        M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
 
 
 @pytest.mark.parametrize("layout", ["qwen2.5-coder-1.5b-instruct-q4_k_m", "deepseek-r1-distill-qwen-7b-q4_k_m"],
                          ids=["1.5b", "7b"])
-def test_qkv_rope_decode_is_bit_exact(rng, monkeypatch, layout):
+def test_qkv_rope_decode_is_bit_exact(rng, force, layout):
     """The 1.5B and 7B layouts (their q/k/v launches take the pipe kernel: one chunk a lane ahead, and the 7B's
     whole-row build, whose V rows are Q6_K in 14 of its layers) decode to the same logits with the projection
-    rotating and storing (every decode step must take the epilogue: MINFER_CUDA_QKV_ROPE=epilogue) as with the
+    rotating and storing (every decode step must take the epilogue: cuda.qkv_rope=epilogue) as with the
     separate RoPE + KV store node (=0), graph replays included."""
     model = M.Model(str(layout_model(layout)))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
-    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "epilogue")
+    force("cuda.qkv_rope", "epilogue")
     s = M.Session(model, threads=4, n_ctx=64, device="cuda")
     assert [n["op"] for n in s.plan(1).nodes].count("FusedQkvRope") == 28
     fused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
-    monkeypatch.setenv("MINFER_CUDA_QKV_ROPE", "0")
+    force("cuda.qkv_rope", "0")
     s = M.Session(model, threads=4, n_ctx=64, device="cuda")
     assert "FusedQkvRope" not in [n["op"] for n in s.plan(1).nodes]
     unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
     assert np.array_equal(fused, unfused)
 
 
-def test_norm_pdl_lever(q15, rng, monkeypatch):
-    """When decode's add + norm lets the next kernel launch (MINFER_CUDA_NORM_PDL: as it starts, or once its own wait
+def test_norm_pdl_lever(q15, rng, force):
+    """When decode's add + norm lets the next kernel launch (cuda.norm_pdl: as it starts, or once its own wait
     is over; before the q/k/v projection, the FFN or both) changes when kernels start, not what they compute: the
-    same bits, the 8-bit activations included, for the norm and the projection after it; a bad value is an error."""
+    same bits, the 8-bit activations included, for the norm and the projection after it.  (A hand-built graph
+    sets the metadata the fusion pass sets on a model's graph: which q weight the norm feeds.)"""
     m, s = q15
     a, b = (rng.standard_normal((2, 1, 1536)) * 3).astype(np.float32)
     outs = {}
@@ -691,26 +612,22 @@ def test_norm_pdl_lever(q15, rng, monkeypatch):
                                                                              w_up="blk.1.ffn_up.weight"))),
                        ("attn_norm", dict(op="MatMul", cols=1536, meta=dict(weight="blk.1.attn_q.weight")))):
         nodes = [dict(op="AddRmsNorm", inputs=[0, 1], rows=1, cols=2 * 1536,
-                      meta=dict(weight=f"blk.1.{norm}.weight", eps=1e-6)),
+                      meta=dict(weight=f"blk.1.{norm}.weight", eps=1e-6,
+                                **({"feeds_q": "blk.1.attn_q.weight"} if norm == "attn_norm" else {}))),
                  dict(inputs=[(2, 1536, 1536)], rows=1, **proj)]
         for v in ("release", "auto", "wait", "wait-attn", "wait-ffn"):
-            monkeypatch.setenv("MINFER_CUDA_NORM_PDL", v)
+            force("cuda.norm_pdl", v)
             outs[norm, v] = s.run_ops("cuda", [a, b], nodes)
         for v in ("auto", "wait", "wait-attn", "wait-ffn"):
             for x, y in zip(outs[norm, "release"], outs[norm, v]):
                 assert np.array_equal(x, y), (norm, v)
-    monkeypatch.setenv("MINFER_CUDA_NORM_PDL", "late")
-    with pytest.raises(minfer.MinferError, match="MINFER_CUDA_NORM_PDL must be 'auto', 'release', 'wait'"):
-        s.run_ops("cuda", [a, b], nodes)
 
 
-@pytest.mark.parametrize("rows,kernel", [(1, ""), (1, "v1"), (3, ""), (7, "")])
-def test_add_rmsnorm(q15, rng, monkeypatch, rows, kernel):
+@pytest.mark.parametrize("rows", [1, 3, 7, 9])
+def test_add_rmsnorm(q15, rng, rows):
     """The residual add fused with the next norm: the sum window is exactly a + b, the norm window
-    within RmsNorm's bound of the reference's norm of that sum.  Decode rows take the float4 kernel,
-    MINFER_CUDA_NORM=v1 the scalar one (prefill's)."""
-    if kernel:
-        monkeypatch.setenv("MINFER_CUDA_NORM", kernel)
+    within RmsNorm's bound of the reference's norm of that sum.  Decode rows (up to 4) take the float4
+    kernel, more rows the scalar one (prefill's)."""
     m, s = q15
     a = (rng.standard_normal((rows, 1536)) * 3).astype(np.float32)
     b = rng.standard_normal((rows, 1536)).astype(np.float32)
@@ -769,12 +686,12 @@ def test_forward_matches_cpu_on_the_real_layout(q05_model, rng):
 
 
 @pytest.mark.parametrize("name", ["q05", "qwen3"])
-def test_decode_fusions(q05_model, name, rng, monkeypatch):
+def test_decode_fusions(q05_model, name, rng, force):
     """On CUDA the decode graph fuses q/k/v (with qwen3's norms), gate/up, RoPE + KV store (qwen2: into the
     q/k/v projection) and each residual add with the next norm, and the
     fused forward pass matches the unfused one.  Decode keeps its activations f32 for the comparison: the
     fused norm sums in another order, and an ulp of difference would move an 8-bit activation by a step."""
-    monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
+    force("cuda.decode_activations", "f32")
     model = q05_model if name == "q05" else M.Model(str(synthetic_model("qwen3-tiny-q8_0")))
     s = M.Session(model, threads=4, n_ctx=256, device="cuda")
     ops = [n["op"] for n in s.plan(1).nodes]
@@ -885,11 +802,11 @@ def test_greedy_on_nan_logits_is_an_error(tmp_path):
         s.decode_greedy(3, 6, 300)
 
 
-def test_graph_replay_is_exact(q05_model, rng, monkeypatch):
+def test_graph_replay_is_exact(q05_model, rng, setting):
     """Replayed decode steps compute exactly what launching each kernel computes."""
     prompt = rng.integers(0, 151936, size=9).astype(np.int32)
     with_graphs, _ = forward(q05_model, "cuda", prompt, 12)
-    monkeypatch.setenv("MINFER_CUDA_GRAPHS", "0")
+    setting("MINFER_CUDA_GRAPHS", "0")
     without, _ = forward(q05_model, "cuda", prompt, 12)
     assert np.array_equal(with_graphs, without)
 
@@ -906,16 +823,16 @@ def test_long_cache_short_context(q05_model, rng, kv_type):
     assert np.array_equal(short, long)
 
 
-def test_mixed_graph_splits(q05_model, rng, monkeypatch):
-    """Ops forced to the CPU (MINFER_CUDA_CPU_OPS): the plan alternates devices and
+def test_mixed_graph_splits(q05_model, rng, force, setting):
+    """Ops forced to the CPU (MINFER_CPU_OPS): the plan alternates devices and
     copies across at each split, and the logits still match the all-GPU run
     (the moved ops are exact elementwise ops and rope, so only f32 rounding differs).  Decode keeps its
     activations f32 here: rounding them to 8 bits would turn an ulp of difference in x into a step of
     d / 127 in a matvec input, which is what the activation rounding costs, not what splits do."""
-    monkeypatch.setenv("MINFER_CUDA_DECODE", "f32")
+    force("cuda.decode_activations", "f32")
     prompt = rng.integers(0, 151936, size=12).astype(np.int32)
     ref, _ = forward(q05_model, "cuda", prompt, 4)
-    monkeypatch.setenv("MINFER_CUDA_CPU_OPS", "Rope,Add")
+    setting("MINFER_CPU_OPS", "Rope,Add")
     mixed, s = forward(q05_model, "cuda", prompt, 4)
     splits = s.plan(1).splits
     backends = {sp["backend"] for sp in splits}
@@ -924,33 +841,32 @@ def test_mixed_graph_splits(q05_model, rng, monkeypatch):
     assert np.abs(mixed - ref).max() <= 1e-3 * scale
 
 
-def test_unknown_cpu_op_lever_is_an_error(q05_model, monkeypatch):
-    monkeypatch.setenv("MINFER_CUDA_CPU_OPS", "Rop")
-    with pytest.raises(minfer.MinferError, match="unknown op 'Rop'"):
-        M.Session(q05_model, device="cuda")
+def test_unknown_cpu_op_is_an_error(setting):
+    with pytest.raises(minfer.MinferError, match="MINFER_CPU_OPS='Rop': unknown op 'Rop'"):
+        setting("MINFER_CPU_OPS", "Rop")
 
 
-def test_wait_is_bounded(q05_model, monkeypatch):
+def test_wait_is_bounded(q05_model, setting):
     """A wait that outlasts MINFER_GPU_TIMEOUT_S is an exception (here the wait
     for the 0.5 GB weight upload, which cannot finish within a microsecond)."""
-    monkeypatch.setenv("MINFER_GPU_TIMEOUT_S", "0.000001")
+    setting("MINFER_GPU_TIMEOUT_S", "0.000001")
     with pytest.raises(minfer.MinferError, match="did not finish within 0.0 s"):
         M.Session(q05_model, device="cuda")
 
 
-def test_kernel_entry_points_wait_bounded(rng, monkeypatch):
+def test_kernel_entry_points_wait_bounded(rng, setting):
     """cuda_matmul and cuda_copy_bandwidth (the kernel-level entry points the tests and benchmarks use) wait with
     the backend's bound too: a GEMM of 256 rows over 4096 x 4096 weights, or 20 copies of 256 MB, cannot finish
     within a microsecond, so the wait is an exception naming the bound -- and the GPU, which was never hung, then
     runs the same call to the end (the timed-out call's memory is left allocated, not freed under a kernel)."""
     t, w = random_weight("q4_k", 4096, 4096, rng)
     x = rng.standard_normal((256, 4096)).astype(np.float32)
-    monkeypatch.setenv("MINFER_GPU_TIMEOUT_S", "0.000001")
+    setting("MINFER_GPU_TIMEOUT_S", "0.000001")
     with pytest.raises(minfer.MinferError, match=r"running the matmul: the GPU did not finish within 1e-06 s"):
         M.cuda_matmul(t, w, x, 4096, path="gemm")
     with pytest.raises(minfer.MinferError, match=r"the GPU did not finish within 1e-06 s \(MINFER_GPU_TIMEOUT_S\)"):
         M.cuda_copy_bandwidth(1 << 28, 20)
-    monkeypatch.delenv("MINFER_GPU_TIMEOUT_S")
+    setting("MINFER_GPU_TIMEOUT_S", "")
     y, _ = M.cuda_matmul(t, w, x[:2], 4096, path="q8")
     assert y.shape == (2, 4096) and np.all(np.isfinite(y))
     assert M.cuda_copy_bandwidth(1 << 26, 4) > 1e11
@@ -971,17 +887,15 @@ print("done")
 
 # The tiny model's heads (32 dims) never take the f16 decode attention kernels of the real layouts: these run
 # them on their own -- head_dim 128 and 64, the cluster merge (8 splits, some with no positions), the split
-# grid with the combine and the GQA kernel, the position in the middle of a warp's rows -- as
-# decode_attention_case does.
+# grid with the combine, the position in the middle of a warp's rows -- as decode_attention_case does.
 ATTENTION = r'''
-import os, sys, numpy as np
+import sys, numpy as np
 import minfer._minfer as M
 s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
 rng = np.random.default_rng(0)
 for head_dim in (128, 64):
-    for merge in ("cluster", "combine", "gqa"):
-        os.environ["MINFER_CUDA_ATTN"] = "gqa" if merge == "gqa" else "auto"
-        os.environ["MINFER_CUDA_ATTN_MERGE"] = "auto" if merge == "gqa" else merge
+    for merge in ("cluster", "combine"):
+        M.force_kernel("cuda.attention_merge", merge)
         first, n_head, n_kv = 700, 12, 2
         q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
         k = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)

@@ -75,16 +75,16 @@ def test_pull_cli(tmp_path):
     assert r.returncode == 0 and r.stdout.strip() == str(path)
 
 
-def test_corrupt_cache_is_refetched_never_used(tmp_path, monkeypatch):
+def test_corrupt_cache_is_refetched_never_used(tmp_path, setting):
     from minfer import hub
 
-    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    setting("MINFER_CACHE", str(tmp_path))
     src = hub.MODELS["smollm2-135m"]
     bad = hub.cache_dir() / src.filename
     bad.parent.mkdir(parents=True)
     bad.write_bytes(b"\0" * src.size)  # right size, wrong bytes, no checksum marker
     assert hub.cached_path("smollm2-135m") is None
-    monkeypatch.setenv("MINFER_OFFLINE", "1")
+    setting("MINFER_OFFLINE", "1")
     with pytest.raises(hub.FetchError, match="not in the cache"):
         hub.fetch("smollm2-135m")
 

@@ -8,7 +8,7 @@ types) is evaluated by a Metal session (tests/native/metal_forward.cpp): a
 20-token prompt (simdgroup-matrix matmul and prefill attention), every
 position's logits, then three decode steps (matvec, KV-split attention),
 against a float64 numpy forward pass of the same file.  Then the same with RoPE and Add
-moved to the CPU (MINFER_METAL_CPU_OPS): the plan alternates Metal and CPU
+moved to the CPU (MINFER_CPU_OPS): the plan alternates Metal and CPU
 splits, and the logits match the all-Metal run."""
 import concurrent.futures
 import hashlib
@@ -177,9 +177,10 @@ def forward64(path, tokens):
     return norm(x, W("output_norm.weight")) @ W("token_embd.weight").T
 
 
-def run_driver(exe: Path, model: Path, **env) -> dict:
-    e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_METAL_TIMEOUT_S="600", **env)
-    r = subprocess.run([str(exe), str(model)], capture_output=True, text=True, env=e, timeout=900)
+def run_driver(exe: Path, model: Path, *forced: str, **env) -> dict:
+    """Runs the driver; `forced` are kernel choices ("metal.attention=flash"), `env` settings and dump paths."""
+    e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_GPU_TIMEOUT_S="600", **env)
+    r = subprocess.run([str(exe), str(model), *forced], capture_output=True, text=True, env=e, timeout=900)
     lines = r.stdout.strip().splitlines()
     m = re.match(r"max_abs_diff (\S+) scale (\S+) splits (\d+) greedy (\d+)", lines[-1] if lines else "")
     assert r.returncode == 0 and m and lines[-2].startswith("ops "), (r.stdout[-2000:], r.stderr[-3000:])
@@ -261,7 +262,7 @@ def test_qwen3_norm_fusion_on_the_mock_device(setup, tmp_path):
 def test_mixed_metal_cpu_splits(setup, tmp_path):
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "metal.f32"))
-    mixed = run_driver(exe, model, MINFER_METAL_CPU_OPS="Rope,Add", METAL_FORWARD_DUMP=str(tmp_path / "mixed.f32"))
+    mixed = run_driver(exe, model, MINFER_CPU_OPS="Rope,Add", METAL_FORWARD_DUMP=str(tmp_path / "mixed.f32"))
     assert mixed["splits"] > 4, mixed  # Metal and CPU alternate within every layer
     a, b = np.fromfile(tmp_path / "metal.f32", np.float32), np.fromfile(tmp_path / "mixed.f32", np.float32)
     assert a.size == b.size == len(TOKENS) * 256
@@ -271,23 +272,23 @@ def test_mixed_metal_cpu_splits(setup, tmp_path):
 
 def test_attention_variants_agree(setup, tmp_path):
     """Decode attention over the 1024-position cache: the KV-split variant (the default, 2 splits) and
-    the single-pass flash kernel (MINFER_METAL_ATTN=flash) give the same logits to f32 rounding."""
+    the single-pass flash kernel (kernel choice metal.attention=flash) give the same logits to f32 rounding."""
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "split.f32"))
-    run_driver(exe, model, MINFER_METAL_ATTN="flash", METAL_FORWARD_DUMP=str(tmp_path / "flash.f32"))
+    run_driver(exe, model, "metal.attention=flash", METAL_FORWARD_DUMP=str(tmp_path / "flash.f32"))
     a, b = np.fromfile(tmp_path / "split.f32", np.float32), np.fromfile(tmp_path / "flash.f32", np.float32)
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
 
 
 @pytest.mark.parametrize("tier", ["matvec", "rows", "simdgroup"])
 def test_matmul_tiers_agree(setup, tmp_path, tier):
-    """MINFER_METAL_MATMUL forces one matmul tier for every row count (the A/B switch): the single-token
+    """The kernel choice metal.matmul forces one matmul tier for every row count: the single-token
     tier (one activation row per threadgroup row), the small-batch tier (groups of 8 rows, even for one
     row), or the simdgroup-matrix tier even for one row.  The forced run computes
     differently (other summation orders) and stays within the forward test's bound of the float64 model."""
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "auto.f32"))
-    run_driver(exe, model, MINFER_METAL_MATMUL=tier, METAL_FORWARD_DUMP=str(tmp_path / "forced.f32"))
+    run_driver(exe, model, f"metal.matmul={tier}", METAL_FORWARD_DUMP=str(tmp_path / "forced.f32"))
     ref = forward64(str(model), TOKENS)
     a = np.fromfile(tmp_path / "auto.f32", np.float32).reshape(ref.shape)
     b = np.fromfile(tmp_path / "forced.f32", np.float32).reshape(ref.shape)
@@ -295,14 +296,15 @@ def test_matmul_tiers_agree(setup, tmp_path, tier):
     assert np.abs(b - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(b - ref).max()
 
 
-@pytest.mark.parametrize("var,value,message", [
-    ("MINFER_METAL_CPU_OPS", "Rope,Rop", "MINFER_METAL_CPU_OPS: unknown op 'Rop'"),
-    ("MINFER_METAL_TIMEOUT_S", "soon", "MINFER_METAL_TIMEOUT_S must be a positive number of seconds, got 'soon'"),
-    ("MINFER_METAL_MATMUL", "gemm", "MINFER_METAL_MATMUL must be 'auto', 'matvec', 'rows' or 'simdgroup', got 'gemm'"),
-    ("MINFER_METAL_ATTN", "paged", "MINFER_METAL_ATTN must be 'flash' or 'split', got 'paged'"),
+@pytest.mark.parametrize("arg,var,value,message", [
+    (None, "MINFER_CPU_OPS", "Rope,Rop", "MINFER_CPU_OPS='Rope,Rop': unknown op 'Rop'"),
+    (None, "MINFER_GPU_TIMEOUT_S", "soon", "MINFER_GPU_TIMEOUT_S='soon': must be a positive number of seconds"),
+    ("metal.matmul=gemm", None, None, "kernel choice metal.matmul='gemm': must be auto or one of matvec, rows, simdgroup"),
+    ("metal.attention=paged", None, None, "kernel choice metal.attention='paged': must be auto or one of flash, split"),
 ])
-def test_bad_levers_are_errors(setup, var, value, message):
+def test_bad_settings_and_choices_are_errors(setup, arg, var, value, message):
     exe, model = setup
-    env = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), **{var: value})
-    r = subprocess.run([str(exe), str(model)], capture_output=True, text=True, env=env, timeout=300)
+    env = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), **({var: value} if var else {}))
+    r = subprocess.run([str(exe), str(model), *([arg] if arg else [])], capture_output=True, text=True, env=env,
+                       timeout=300)
     assert r.returncode == 1 and message in r.stdout, (r.stdout, r.stderr[-1000:])

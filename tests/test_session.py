@@ -198,7 +198,7 @@ def test_kv_cache_types(kv_type, tol):
     assert np.abs(base - other).max() <= tol
 
 
-def test_trace_and_profile_levers():
+def test_trace_and_profile_settings():
     code = ("import numpy as np, minfer._minfer as M; m = M.Model(%r); s = M.Session(m, threads=1, n_ctx=16); "
             "s.eval(np.array([1, 2], np.int32), 0); p = s.op_profile(); assert p['MatMul'][1] > 0, p" %
             str(synthetic_model("llama-tiny-q8_0")))
@@ -209,15 +209,14 @@ def test_trace_and_profile_levers():
     assert "minfer op profile" in r.stderr
 
 
-def test_hugepage_copy_matches_the_mapping(monkeypatch):
+def test_hugepage_copy_matches_the_mapping(setting):
     """MINFER_HUGEPAGES=1 loads a copy of the file into memory asked for 2 MB pages instead of mapping
-    it: the same weights, so the same logits bit for bit; a bad value is an error naming the lever."""
+    it: the same weights, so the same logits bit for bit; a bad value is an error naming the setting."""
     path = str(synthetic_model("qwen2-tiny-q4_0"))
     ids = np.array([5, 900, 77, 3, 12000, 42, 8], np.int32)
     mapped = M.Session(M.Model(path), threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
-    monkeypatch.setenv("MINFER_HUGEPAGES", "1")
+    setting("MINFER_HUGEPAGES", "1")
     copied = M.Session(M.Model(path), threads=2, n_ctx=32).eval(ids, 0, all_logits=True)
     assert np.array_equal(np.asarray(mapped), np.asarray(copied))
-    monkeypatch.setenv("MINFER_HUGEPAGES", "yes")
-    with pytest.raises(minfer.MinferError, match="MINFER_HUGEPAGES must be 0 or 1"):
-        M.Model(path)
+    with pytest.raises(minfer.MinferError, match="MINFER_HUGEPAGES='yes': must be 0 or 1"):
+        setting("MINFER_HUGEPAGES", "yes")

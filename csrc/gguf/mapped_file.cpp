@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "common/error.h"
+#include "common/settings.h"
 #include "common/huge_pages.h"
 
 namespace minfer {
@@ -22,12 +23,7 @@ namespace {
 // walk and a stop for the hardware prefetcher: the 1.5B decodes ~9 % faster from 2 MB pages on the
 // development machine (benchmarks/RESULTS.md).  The price: a copy at load (a second resident copy while the
 // page cache keeps the file) and its time.  Where the kernel gives no huge pages the copy still works.
-bool huge_pages_requested() {
-    const char* v = std::getenv("MINFER_HUGEPAGES");
-    if (!v || !*v || std::strcmp(v, "0") == 0) return false;
-    if (std::strcmp(v, "1") == 0) return true;
-    throw MinferError(strfmt("MINFER_HUGEPAGES must be 0 or 1, not '%s'", v));
-}
+bool huge_pages_requested() { return setting_bool("MINFER_HUGEPAGES"); }
 
 constexpr size_t kHugePage = size_t(2) << 20;
 

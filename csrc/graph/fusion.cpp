@@ -261,6 +261,21 @@ struct Fuser {
         }
     }
 
+    // What a kernel needs to know of its consumers: an AddRmsNorm whose norm feeds a layer's q/k/v
+    // projection records that projection's q weight (the CUDA backend times the next launch by its type).
+    void annotate() {
+        count_consumers();
+        for (size_t i = 0; i < g.nodes.size(); i++) {
+            Node& N = g.nodes[i];
+            if (dead[i] || N.op != Op::AddRmsNorm) continue;
+            for (int c : consumers[i]) {
+                const Node& C = at(c);
+                if (C.op == Op::FusedQKV || C.op == Op::FusedQkvNorm || C.op == Op::FusedQkvRope) N.meta.feeds_q = C.meta.wq;
+                else if (C.op == Op::MatMul && C.meta.role == Role::Q) N.meta.feeds_q = C.meta.weight;
+            }
+        }
+    }
+
     void compact() {
         std::vector<int> remap(g.nodes.size(), -1);
         std::vector<Node> kept;
@@ -290,6 +305,7 @@ int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
     f.rope_store();
     f.qkv_rope();
     f.add_norm();
+    f.annotate();
     f.compact();
     return f.rewrites;
 }

@@ -72,6 +72,7 @@ struct NodeMeta {
     uint32_t kv_type = 1;          // ggml type of the KV cache (F16 default)
     int n_ctx = 0;
     int src_row = 0;               // TailRow: which row of the input
+    std::string feeds_q;           // AddRmsNorm: the q weight of the q/k/v projection its norm feeds (fuse sets it)
 };
 
 struct Node {

@@ -37,6 +37,7 @@ py::dict node_dict(const Plan& p, const Node& n) {
     py::list ws;
     for (const std::string& w : Graph::weights_of(n)) ws.append(w);
     d["weights"] = ws;
+    if (!n.meta.feeds_q.empty()) d["feeds_q"] = n.meta.feeds_q;
     return d;
 }
 
@@ -77,6 +78,7 @@ void meta_from(NodeMeta& m, const py::dict& d) {
         else if (k == "n_ctx") m.n_ctx = v.cast<int>();
         else if (k == "src_row") m.src_row = v.cast<int>();
         else if (k == "layer") m.layer = v.cast<int>();
+        else if (k == "feeds_q") m.feeds_q = py::str(v);
         else throw py::value_error("unknown node meta key '" + k + "'");
     }
 }

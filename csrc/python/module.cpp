@@ -50,4 +50,5 @@ PYBIND11_MODULE(_minfer, m) {
     minfer::bind_engine(m);
     minfer::bind_sampling(m);
     minfer::bind_devices(m);
+    minfer::bind_settings(m);
 }

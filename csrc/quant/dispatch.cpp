@@ -16,6 +16,7 @@
 #endif
 
 #include "common/error.h"
+#include "common/settings.h"
 #include "quant/quant.h"
 
 namespace minfer {
@@ -129,19 +130,13 @@ const DotKernels& dot_kernels(Isa isa) {
     return *table_for(isa);
 }
 
-static Isa parse_isa(const char* s) {
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
-        if (std::strcmp(s, isa_name(isa)) == 0) return isa;
-    throw MinferError(strfmt("MINFER_CPU_ISA='%s' is not one of scalar, avx2, avx512, neon", s));
-}
-
 Isa default_isa() {
-    const char* env = std::getenv("MINFER_CPU_ISA");
-    if (env && *env) {
-        Isa isa = parse_isa(env);
-        dot_kernels(isa);  // throws with the reason if unavailable
-        return isa;
-    }
+    const std::string want = setting_text("MINFER_CPU_ISA");
+    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
+        if (want == isa_name(isa)) {
+            dot_kernels(isa);  // throws with the reason if unavailable
+            return isa;
+        }
     for (Isa isa : {Isa::avx512, Isa::avx2, Isa::neon})
         if (isa_supported(isa)) return isa;
     return Isa::scalar;

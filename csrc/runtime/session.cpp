@@ -9,6 +9,7 @@
 #include "backends/metal/metal_api.h"
 #include "backends/reference/reference_backend.h"
 #include "common/error.h"
+#include "common/settings.h"
 #include "backends/kv_format.h"
 #include "models/decoder.h"
 #include "runtime/memory.h"
@@ -17,11 +18,6 @@ namespace minfer {
 
 namespace {
 constexpr size_t kMaxPlans = 4;  // a prompt plan, the decode plan, and a couple of others
-
-bool env_on(const char* name) {
-    const char* v = std::getenv(name);
-    return v && *v && std::strcmp(v, "0") != 0;
-}
 
 Isa parse_isa(const std::string& s) {
     if (s.empty()) return default_isa();
@@ -56,19 +52,16 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
     // Which device: CUDA when asked for (an error if it cannot be had) or when
     // "auto" finds one and every weight type has CUDA kernels (the gate).
     std::string dev = opts_.device;
-    if (dev.empty()) {
-        const char* e = std::getenv("MINFER_DEVICE");
-        dev = e && *e ? e : "auto";
-    }
+    if (dev.empty()) dev = setting_text("MINFER_DEVICE");
     if (dev != "auto" && dev != "cpu" && dev != "cuda" && dev != "metal")
         throw MinferError(strfmt("device must be 'auto', 'cpu', 'cuda' or 'metal', got '%s'", dev.c_str()));
     bool use_metal = false, use_cuda = false;
     if (dev == "metal" || dev == "auto") {
         MetalDeviceInfo info = metal_device_info();
         if (dev == "metal" && !info.available) throw MinferError("device='metal': " + info.reason);
-        if (info.built && !info.available && dev == "auto" && !env_on("MINFER_DISABLE_METAL"))
+        if (info.built && !info.available && dev == "auto")
             std::fprintf(stderr, "minfer: Metal is not usable (%s); running without it\n", info.reason.c_str());
-        use_metal = info.available && !env_on("MINFER_DISABLE_METAL");
+        use_metal = info.available;
     }
     if (dev == "cuda" || (dev == "auto" && !use_metal)) {
         CudaDeviceInfo info = cuda_device_info();
@@ -109,8 +102,8 @@ Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std
     slots_.push_back({backends_.back().get(), true, true});
     backends_.push_back(std::make_unique<ReferenceBackend>(&model_->weights()));
     slots_.push_back({backends_.back().get(), true, false});
-    trace_ = env_on("MINFER_GRAPH_TRACE");
-    profile_on_ = env_on("MINFER_OP_PROFILE");
+    trace_ = setting_bool("MINFER_GRAPH_TRACE");
+    profile_on_ = setting_bool("MINFER_OP_PROFILE");
 }
 
 Session::~Session() {

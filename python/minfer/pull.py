@@ -1,7 +1,7 @@
 """python -m minfer.pull NAME [NAME ...]: download models into the cache.
 
 Names: the models of minfer.hub (smollm2-135m, qwen2.5-coder-0.5b,
-qwen2.5-coder-1.5b, gemma3-270m).  Prints each model's local path."""
+qwen2.5-coder-1.5b).  Prints each model's local path."""
 import sys
 
 from .hub import MODELS, FetchError, fetch

@@ -1,12 +1,13 @@
 // A whole forward pass through the real Metal host code on the mock device
 // (tests/test_metal_mock.py builds this with csrc/ and tests/metal_mock/).
 //
-//   metal_forward MODEL.gguf      prints, per line: "<name> max_abs_diff <d> scale <s> splits <n>"
+//   metal_forward MODEL.gguf [CHOICE=VALUE ...]      prints, per line: "<name> max_abs_diff <d> scale <s> splits <n>"
 //
 // The Metal session and a CPU session evaluate the same 20-token prompt (every
 // position's logits) and three decode steps (fixed tokens 3, 200, 64); the line reports the
 // largest logit difference, the logits' scale and the decode plan's split
-// count.  MINFER_METAL_CPU_OPS (set by the test) moves ops to the CPU;
+// count.  CHOICE=VALUE forces a kernel choice (force_kernel, e.g. metal.attention=flash);
+// MINFER_CPU_OPS (set by the test) moves ops to the CPU;
 // METAL_FORWARD_DUMP / METAL_FORWARD_CPU_DUMP=path write each session's logits there.
 #include <cmath>
 #include <cstdio>
@@ -16,6 +17,7 @@
 #include <map>
 #include <string>
 
+#include "backends/kernel_choice.h"
 #include "runtime/session.h"
 
 using namespace minfer;
@@ -23,6 +25,11 @@ using namespace minfer;
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
     try {
+        for (int i = 2; i < argc; i++) {
+            const std::string arg = argv[i];
+            const size_t eq = arg.find('=');
+            force_kernel(arg.substr(0, eq), eq == std::string::npos ? "" : arg.substr(eq + 1));
+        }
         auto model = Model::load(argv[1]);
         const int V = model->config().n_vocab;
         SessionOptions mo, co;

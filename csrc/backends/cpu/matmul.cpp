@@ -26,28 +26,8 @@ void check_shapes(uint32_t type, int64_t rows, int64_t cols, int64_t n_tok, cons
 
 }  // namespace
 
-// MINFER_CPU_TILE=0 leaves the four-row tile kernels out (an A/B lever: the
-// results are the same bits either way).
-static bool tiles_from_env() {
-    const char* v = std::getenv("MINFER_CPU_TILE");
-    if (!v || !std::strcmp(v, "1")) return true;
-    if (!std::strcmp(v, "0")) return false;
-    throw MinferError(strfmt("MINFER_CPU_TILE must be 0 or 1, got '%s'", v));
-}
-
-// MINFER_CPU_SPLIT=ranges|tasks: how a decode matvec's rows are shared between threads -- one forward run a
-// thread with the tail balanced by claims from its back (ranges, the default), or two fixed tasks a thread
-// claimed in turn (tasks, the old way).  Read per call (an A/B lever; the results are the same bits).
-static bool split_from_env() {
-    const char* v = std::getenv("MINFER_CPU_SPLIT");
-    if (!v || !*v || !std::strcmp(v, "ranges")) return true;
-    if (!std::strcmp(v, "tasks")) return false;
-    throw MinferError(strfmt("MINFER_CPU_SPLIT must be 'ranges' or 'tasks', got '%s'", v));
-}
-
 void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, int64_t x_ld, int64_t n_tok,
                  ThreadPool& pool, const DotKernels& kernels) {
-    static const bool tiles = tiles_from_env();
     for (int j = 0; j < n_jobs; j++) check_shapes(jobs[j].type, jobs[j].rows, cols, n_tok, &kernels);
     if (n_tok == 0 || n_jobs == 0) return;
 
@@ -92,7 +72,7 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const size_t w_row = row_size(job.type, cols);
         const vec_dot_fn dot = kernels.dot[job.type];
         const vec_dot_rows_fn rows = kernels.rows[job.type];
-        const vec_dot_tile4_fn tile4 = tiles ? kernels.tile4[job.type] : nullptr;
+        const vec_dot_tile4_fn tile4 = kernels.tile4[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
         // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
@@ -122,7 +102,7 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
             for (int64_t r = r0; r < r1; r++) yt[r] = dot(cols, wb + size_t(r) * w_row, ap);
         }
     };
-    if (n_tok <= 16 && split_from_env()) {
+    if (n_tok <= 16) {
         // Decode: the jobs' rows in groups of 16, one forward run per thread, the slower run's tail taken from
         // its back by the thread done first, 4 groups (64 rows, 32-80 KB) a claim (parallel_ranges).
         std::vector<int64_t> first_group(size_t(n_jobs) + 1, 0);
@@ -138,26 +118,9 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         });
         return;
     }
-    // Tiles: kRows weight rows x kTok tokens, numbered job by job.  Prefill runs
-    // 16 rows x 64 tokens: the rows come from memory (a 1.5B FFN's two matrices
-    // are 15.5 MB, past this machine's L3) once per token tile and from L1/L2 for
-    // the tile's other tokens, while 64 tokens' activations stay in L2 (512-token
-    // prefill, 1.5B / 0.5B: +9 / +7 % over 16 x 16 with the prefetch below; 128
-    // tokens measured the same).  A decode step or a short prompt streams each
-    // weight once (here only with MINFER_CPU_SPLIT=tasks; the ranges above are the
-    // default): there the longest runs of rows help the memory system most
-    // (each thread's stream stays ahead of the prefetchers): two tasks per thread
-    // per matrix.  Decode at 2 threads, against the 8 tasks of <= 256 rows before:
-    // 1.5B 18.0 -> 19.1, 0.5B 37.2 -> 39.4, SmolLM2 86 -> 91 tok/s (+6 %); one
-    // task per thread measured the same as two, which keep some balance.
-    constexpr int64_t kTok = 64;
-    int64_t kRows = 16;
-    if (n_tok <= 16) {
-        int64_t max_rows = 0;
-        for (int j = 0; j < n_jobs; j++) max_rows = jobs[j].rows > max_rows ? jobs[j].rows : max_rows;
-        kRows = max_rows / (2 * int64_t(pool.size())) / 16 * 16;
-        kRows = kRows < 16 ? 16 : kRows;
-    }
+    // Prefill: tiles of 16 weight rows x 64 tokens, numbered job by job.  The rows come from memory once per
+    // token tile and from L1/L2 for the tile's other tokens, while 64 tokens' activations stay in L2.
+    constexpr int64_t kTok = 64, kRows = 16;
     const int64_t tok_tiles = (n_tok + kTok - 1) / kTok;
     std::vector<int64_t> first_tile(size_t(n_jobs) + 1, 0);
     for (int j = 0; j < n_jobs; j++)

@@ -22,6 +22,7 @@
 #include <mma.h>
 
 #include "backends/cuda/common.cuh"
+#include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
 #include "quant/types.h"
@@ -443,244 +444,6 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16_cl(AttnShape a,
     }
 }
 
-// ---- decode attention of a whole GQA group on the tensor cores (MINFER_CUDA_ATTN=gqa) --------------------
-//
-// attention_decode_f16_cl reads each K/V row once per query head: the 7 heads of a 7B group read it 7 times (at
-// 4096 positions ~58 MB a layer through L2).  Here a block takes a KV head's whole group: the scores of its G <= 8
-// heads against 32 positions a warp are one m16n8k16 MMA per 16 dims and 8 positions (heads as the 16 rows, 8 of
-// them padding), and P V one per 16 positions and 8 dims.  q and the probabilities are rounded to f16 (the K/V
-// cache is f16 already), as in the prefill kernel; sums stay f32.
-//
-// Fragments (PTX ISA, mma.m16n8k16, g = lane / 4, t = lane % 4): A row g holds columns 2t, 2t+1 (a0) and 2t+8,
-// 2t+9 (a2) -- rows g+8 (a1, a3) are the padding heads, zero; B column g holds rows 2t, 2t+1 (b0) and 2t+8, 2t+9
-// (b1); C row g holds columns 2t, 2t+1.  The scores' k index (a head dim) may be any permutation shared by q and
-// K: thread t takes the dims of its HD / 32 16-byte pieces of each K row (bytes 64u + 16t), the e-th dim
-// of them = 32 (e / 8) + 8t + e % 8, and k-step s takes e = 4s.. 4s+3, so K's b0/b1 are words 2s, 2s+1 of the
-// thread's pieces and q's a0/a2 one float4 of dims.  P V: the score C fragments of n-tiles 2k, 2k+1 are the A
-// fragment of positions 16k.. 16k+15 (the flash-attention register reuse); its B is V rows 16k + 2t, 2t+1,
-// 2t+8, 2t+9 at dims (HD / 8) g + nt of n-tile nt (the output dims permuted: thread g's HD / 8 are contiguous,
-// one or two 16-byte pieces a row), two rows' halves paired by a byte permute.
-constexpr int kGqaHeads = 8;
-
-__device__ __forceinline__ void mma_pad8(float& d0, float& d1, uint32_t a0, uint32_t a2, uint32_t b0, uint32_t b1) {
-    float x2, x3;  // rows 8-15: the padding heads, dropped
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%10,%10};\n"
-        : "+f"(d0), "+f"(d1), "=f"(x2), "=f"(x3)
-        : "r"(a0), "r"(0u), "r"(a2), "r"(0u), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
-__device__ __forceinline__ uint32_t half2_bits(float lo, float hi) {
-    const __half2 h = __floats2half2_rn(lo, hi);
-    return *(const uint32_t*)&h;
-}
-
-__device__ __forceinline__ uint32_t word_of(const uint4& u, int w) {
-    return w == 0 ? u.x : w == 1 ? u.y : w == 2 ? u.z : u.w;  // w is a compile-time constant where it is used
-}
-
-template <int HD>
-struct GqaFrags {
-    static constexpr int KU = HD / 32;  // 16-byte pieces of a K row a thread holds
-    static constexpr int VU = HD / 64;  // of a V row
-    static constexpr int NK = HD / 16;  // k-steps of the scores
-    static constexpr int NT = HD / 8;   // n-tiles of the output
-    uint4 k[4][KU];                     // K rows j0 + 8n + g, n < 4
-    uint4 v[2][4][VU];                  // V rows j0 + 16kk + {2t, 2t+1, 2t+8, 2t+9}
-    // the V row offset of piece r (< 4) in k-step kk
-    static __device__ __forceinline__ int vrow(int kk, int r, int t) { return 16 * kk + 2 * t + (r & 1) + 8 * (r >> 1); }
-    // rows in [lo, hi) of the warp's 32 from j0 (the rest: ZERO ? 0 : untouched)
-    template <bool ZERO>
-    __device__ __forceinline__ void load(const __half* K, const __half* V, int64_t dim, int col0, int j0, int lo, int hi) {
-        const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-        for (int n = 0; n < 4; n++) {
-            const int j = j0 + 8 * n + g;
-#pragma unroll
-            for (int u = 0; u < KU; u++) {
-                if (j >= lo && j < hi) k[n][u] = *(const uint4*)(K + int64_t(j) * dim + col0 + 32 * u + 8 * t);
-                else if (ZERO) k[n][u] = make_uint4(0u, 0u, 0u, 0u);
-            }
-        }
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int j = j0 + vrow(kk, r, t);
-#pragma unroll
-                for (int u = 0; u < VU; u++) {
-                    if (j >= lo && j < hi) v[kk][r][u] = *(const uint4*)(V + int64_t(j) * dim + col0 + (HD / 8) * g + 8 * u);
-                    else if (ZERO) v[kk][r][u] = make_uint4(0u, 0u, 0u, 0u);
-                }
-            }
-    }
-    // V's B fragment of k-step kk, n-tile nt: rows (2t, 2t+1) -> b0, (2t+8, 2t+9) -> b1, dim (HD / 8) g + nt
-    __device__ __forceinline__ void v_frag(int kk, int nt, uint32_t& b0, uint32_t& b1) const {
-        const int u = nt / 8, w = (nt % 8) / 2;
-        const unsigned sel = nt % 2 ? 0x7632u : 0x5410u;  // the high halves of both words, or the low ones
-        b0 = __byte_perm(word_of(v[kk][0][u], w), word_of(v[kk][1][u], w), sel);
-        b1 = __byte_perm(word_of(v[kk][2][u], w), word_of(v[kk][3][u], w), sel);
-    }
-};
-
-// n partials (max m, sum l, HD outputs) of one head, `stride` floats apart from p: their merge, weights exp(m_i - M)
-// (0 for a partial with no visible position).  Returns output value d (unnormalized) and sets M and L.
-template <int HD>
-__device__ __forceinline__ float merge_gqa_partials(const float* p, int n, int stride, int d, float& M, float& L) {
-    M = -INFINITY;
-    for (int i = 0; i < n; i++) M = fmaxf(M, p[i * stride]);
-    L = 0.0f;
-    float acc = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float* b = p + i * stride;
-        const float fw = b[0] > -INFINITY ? expf(b[0] - M) : 0.0f;
-        L += fw * b[1];
-        acc += fw * b[2 + d];
-    }
-    return acc;
-}
-
-template <int HD>
-__global__ void __launch_bounds__(kThreads) attention_decode_gqa(AttnShape a, const float* __restrict__ q,
-                                                             const int32_t* __restrict__ pos,
-                                                             const __half* __restrict__ K,
-                                                             const __half* __restrict__ V, float* __restrict__ out,
-                                                             uint32_t* err, Q8Act q8) {
-    using F = GqaFrags<HD>;
-    constexpr int W = kThreads / 32, H = kGqaHeads, PER = H * HD / kThreads;  // output values a thread merges
-    // the warps' (max, sum, output) of the block, then (aliased, after a cluster barrier) the first block's inbox
-    constexpr int kWarpFloats = W * H * (HD + 2), kInboxFloats = kClusterSplits * H * (HD + 2);
-    __shared__ float buf[kWarpFloats > kInboxFloats ? kWarpFloats : kInboxFloats];
-    const int kvh = blockIdx.x, z = blockIdx.z, S = gridDim.z, G = a.n_head / a.n_head_kv;
-    const int dim = a.n_head_kv * HD, col0 = kvh * HD;
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int p = pos[0];
-    if (p < 0 || p >= a.n_ctx) {  // uniform over the grid
-        pdl_start();
-        if (threadIdx.x == 0) atomicOr(err, kBadPosition);
-        if (z == 0)
-            for (int i = threadIdx.x; i < G * HD; i += kThreads) out[int64_t(kvh) * G * HD + i] = 0.0f;
-        return;
-    }
-    F f;
-    int zc = z;
-    f.template load<true>(K, V, dim, col0, zc * kChunk + warp * 32, 0, p);  // rows before p: stored by earlier steps
-    pdl_start();
-    f.template load<false>(K, V, dim, col0, zc * kChunk + warp * 32, p, p + 1);  // row p: this step's
-    // q of head g of the group as the A fragments (a0, a2) of each k-step, in f16, zero past the group: the same
-    // for every warp, so the first one leaves them in shared memory (registers are what the K/V rows need)
-    __shared__ uint2 qa[F::NK][32];
-    if (warp == 0) {
-        const float* qh = q + (int64_t(kvh) * G + g) * HD;
-#pragma unroll
-        for (int s = 0; s < F::NK; s++) {
-            const int d0 = 32 * (s / 2) + 8 * t + 4 * (s % 2);
-            const float4 x = g < G ? *(const float4*)(qh + d0) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            qa[s][lane] = make_uint2(half2_bits(x.x, x.y), half2_bits(x.z, x.w));
-        }
-    }
-    __syncthreads();
-    float m_run = -INFINITY, l_run = 0.0f;  // head g: this lane's share of the sum; the max is the warp's
-    float o[F::NT][2];                      // head g, dims (HD / 8)(2t + c) + nt
-#pragma unroll
-    for (int nt = 0; nt < F::NT; nt++) o[nt][0] = o[nt][1] = 0.0f;
-    for (;;) {
-        const int j0 = zc * kChunk + warp * 32;
-        float sc[4][2];
-#pragma unroll
-        for (int n = 0; n < 4; n++) {
-            sc[n][0] = sc[n][1] = 0.0f;
-#pragma unroll
-            for (int s = 0; s < F::NK; s++) {
-                const uint2 x = qa[s][lane];
-                mma_pad8(sc[n][0], sc[n][1], x.x, x.y, word_of(f.k[n][s / 2], 2 * (s % 2)),
-                         word_of(f.k[n][s / 2], 2 * (s % 2) + 1));
-            }
-        }
-        float mc = -INFINITY;
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int c = 0; c < 2; c++) {
-                const int j = j0 + 8 * n + 2 * t + c;
-                sc[n][c] = j <= p ? sc[n][c] * a.scale : -INFINITY;
-                mc = fmaxf(mc, sc[n][c]);
-            }
-        mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, 1));
-        mc = fmaxf(mc, __shfl_xor_sync(0xffffffffu, mc, 2));
-        const float mn = fmaxf(m_run, mc);
-        if (mn > -INFINITY) {  // uniform over the 4 lanes of head g; the others have no visible position yet
-            const float alpha = m_run > -INFINITY ? expf(m_run - mn) : 0.0f;
-            m_run = mn;
-            l_run *= alpha;
-#pragma unroll
-            for (int nt = 0; nt < F::NT; nt++) o[nt][0] *= alpha, o[nt][1] *= alpha;
-            uint32_t pa[4];  // P of n-tile n, f16, as A fragments: k-step kk takes n = 2kk (a0) and 2kk + 1 (a2)
-#pragma unroll
-            for (int n = 0; n < 4; n++) {
-                const float e0 = sc[n][0] > -INFINITY ? expf(sc[n][0] - mn) : 0.0f;
-                const float e1 = sc[n][1] > -INFINITY ? expf(sc[n][1] - mn) : 0.0f;
-                pa[n] = half2_bits(e0, e1);
-                const float2 r = __half22float2(*(const __half2*)&pa[n]);  // the sum of the weights as rounded
-                l_run += r.x + r.y;
-            }
-#pragma unroll
-            for (int kk = 0; kk < 2; kk++)
-#pragma unroll
-                for (int nt = 0; nt < F::NT; nt++) {
-                    uint32_t b0, b1;
-                    f.v_frag(kk, nt, b0, b1);
-                    mma_pad8(o[nt][0], o[nt][1], pa[2 * kk], pa[2 * kk + 1], b0, b1);
-                }
-        }
-        zc += S;
-        if (zc * kChunk > p) break;  // uniform over the block
-        f.template load<true>(K, V, dim, col0, zc * kChunk + warp * 32, 0, p + 1);
-    }
-    // the warp's sum over its 4 lanes of a head; then the block's warps merged in shared memory
-    l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
-    l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
-    float* wbuf = buf + warp * H * (HD + 2) + g * (HD + 2);  // [warp][head][m, l, HD outputs]
-    if (t == 0) wbuf[0] = m_run, wbuf[1] = l_run;
-#pragma unroll
-    for (int nt = 0; nt < F::NT; nt++)
-#pragma unroll
-        for (int c = 0; c < 2; c++) wbuf[2 + (HD / 8) * (2 * t + c) + nt] = o[nt][c];
-    __syncthreads();
-    float bm[PER], bl[PER], bo[PER];  // value v = threadIdx.x + kThreads i: head v / HD, dim v % HD
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int v = threadIdx.x + kThreads * i, h = v / HD, d = v % HD;
-        bo[i] = merge_gqa_partials<HD>(buf + h * (HD + 2), W, H * (HD + 2), d, bm[i], bl[i]);
-    }
-    // every block's warps are merged (and so the first block's buffer is free) before anyone writes into it
-    cluster_arrive_release();
-    cluster_wait();
-    const unsigned rank = unsigned(z);
-    float* inbox = cluster_peer(buf, 0);
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int v = threadIdx.x + kThreads * i, h = v / HD, d = v % HD;
-        float* slot = inbox + (rank * H + h) * (HD + 2);
-        if (d == 0) slot[0] = bm[i], slot[1] = bl[i];
-        slot[2 + d] = bo[i];
-    }
-    cluster_arrive_release();
-    if (rank != 0) return;  // nothing reads this block's shared memory
-    cluster_wait();
-#pragma unroll
-    for (int i = 0; i < PER; i++) {
-        const int v = threadIdx.x + kThreads * i, h = v / HD, d = v % HD;
-        if (h >= G) continue;  // uniform over a warp: a warp's 32 values are one head's
-        float M, L;
-        const float acc = merge_gqa_partials<HD>(buf + h * (HD + 2), S, H * (HD + 2), d, M, L);
-        const float y = L > 0.0f ? acc / L : 0.0f;
-        const int64_t col = (int64_t(kvh) * G + h) * HD + d;
-        out[col] = y;
-        if (q8.q) quantize_lane(y, q8.q + col, q8.ds + col / 32);
-    }
-}
-
 // Merges the partials of each (row, head): weights exp(m_z - max m).  Only the
 // splits that hold positions <= the row's (the rest are empty) are read.  The
 // first warp reads every split's (m, l), lanes across splits, and leaves the
@@ -880,37 +643,20 @@ __global__ void __launch_bounds__(kTcThreads) attention_prefill_tc(AttnShape a, 
 
 }  // namespace
 
-// MINFER_CUDA_ATTN=general runs decode through the general kernel (the A/B switch for attention_decode_f16;
-// read at each launch, which a captured graph then keeps).
-bool decode_f16_kernel_on() {
-    const char* v = std::getenv("MINFER_CUDA_ATTN");
-    if (!v || !std::strcmp(v, "auto") || !std::strcmp(v, "gqa")) return true;
-    if (!std::strcmp(v, "general")) return false;
-    throw MinferError(strfmt("MINFER_CUDA_ATTN must be 'auto', 'general' or 'gqa', got '%s'", v));
-}
-
-// MINFER_CUDA_ATTN=gqa: decode over an f16 cache through attention_decode_gqa (not measured yet: not the default).
-bool gqa_kernel_asked() {
-    const char* v = std::getenv("MINFER_CUDA_ATTN");
-    return v && !std::strcmp(v, "gqa");
-}
+// Decode over an f16 cache takes the warp-split kernels; the kernel choice cuda.attention=general forces the
+// general one (tests compare them).
+bool decode_f16_kernel_on() { return forced_kernel("cuda.attention") != "general"; }
 
 // The blocks a head of the cluster merge (attention_decode_f16_cl), or 0 for the split grid and the combine.
 // The cluster merge takes decode where each of its blocks walks one chunk (S <= 8: the split grid's
-// parallelism without the combine launch) or where its n_head x 8 blocks fill the GPU.  Measured (CUDA_NOTES
-// run 106, chained decode at 512 / 4096 positions of a 4352 cache): the 7B (28 heads, 224 blocks) 514 -> 533 /
-// 423 -> 441 tok/s; the 1.5B and 0.5B (12 and 14 heads: 96 and 112 blocks, each walking up to 5 chunks at
-// 4096) gained 4 % at 512 but lost 11-14 % at 4096 (and clusters of 16 lost the gain at 512), so with more than
-// 8 splits they keep the split grid.  MINFER_CUDA_ATTN_MERGE=auto|cluster|combine (A/B lever; read per call, a
-// captured graph keeps its choice).
+// parallelism without the combine launch) or where its n_head x 8 blocks fill the GPU.  With fewer heads and
+// more than 8 splits, each cluster block walks several chunks and the split grid's wider parallelism measured
+// faster at long contexts.  The kernel choice cuda.attention_merge forces one (tests).
 int cluster_merge_splits(const AttnShape& a, int S) {
-    const char* v = std::getenv("MINFER_CUDA_ATTN_MERGE");
+    const std::string v = forced_kernel("cuda.attention_merge");
     const int C = std::min(S, kClusterSplits);
-    if (v && *v && std::strcmp(v, "auto")) {
-        if (!std::strcmp(v, "cluster")) return C;
-        if (!std::strcmp(v, "combine")) return 0;
-        throw MinferError(strfmt("MINFER_CUDA_ATTN_MERGE must be 'auto', 'cluster' or 'combine', got '%s'", v));
-    }
+    if (v == "cluster") return C;
+    if (v == "combine") return 0;
     const int sms = sm_count();
     return S <= kClusterSplits || int64_t(a.n_head) * C >= sms ? C : 0;
 }
@@ -953,19 +699,6 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (size_t(S) * sizeof(float) > 48 * 1024)  // the combine's weights live in shared memory
         throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
-    if (gqa_kernel_asked()) {  // one cluster of C = min(S, 8) splits a KV head's group
-        const int G = a.n_head / a.n_head_kv;
-        if (!fast || G > kGqaHeads || S < 2)
-            throw MinferError(strfmt("CUDA attention: MINFER_CUDA_ATTN=gqa takes one row over an f16 cache, head_dim 64 or "
-                                     "128, at most %d heads a KV head and a cache of more than %d positions (%d rows, %s "
-                                     "cache, head_dim %d, %d heads a KV head, %d positions)",
-                                     kGqaHeads, kChunk, a.rows, type_traits(a.kv_type).name, a.head_dim, G, a.n_ctx));
-        const unsigned C = unsigned(std::min(S, kClusterSplits));
-        launch_in_clusters("attention_decode_gqa", a.head_dim == 64 ? attention_decode_gqa<64> : attention_decode_gqa<128>,
-                           dim3(unsigned(a.n_head_kv), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
-                           (const __half*)V, out, err, q8);
-        return;
-    }
     const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,

@@ -67,10 +67,10 @@ __device__ __forceinline__ float block_max(float v, float* scratch) {
 // Every such kernel calls pdl_start() before reading what earlier kernels wrote: it
 // lets the next kernel begin launching, then waits for the previous kernel to
 // complete with its writes visible.  Releasing first puts the next kernel's blocks
-// on the SMs while this one still waits (CUDA_NOTES run 96: with the attention's
-// early loads, +3-7 % decode); it is safe because that kernel's own wait is for this
-// one, which cannot complete before its wait returns.  MINFER_CUDA_PDL=0 launches
-// plainly (A/B).  A kernel may read what no kernel of the step writes (weights, the
+// on the SMs while this one still waits (with the attention's early loads, decode
+// measured faster); it is safe because that kernel's own wait is for this
+// one, which cannot complete before its wait returns.  Devices before compute
+// capability 9.0 launch plainly (pdl_enabled).  A kernel may read what no kernel of the step writes (weights, the
 // step's token and positions, the KV rows of earlier steps) before pdl_start(), so
 // that those reads overlap the kernels before; everything else comes after it.  That
 // holds because a step's first kernel waits before it releases the rest
@@ -106,10 +106,13 @@ inline int sm_count() {
     return n;
 }
 
+// Programmatic dependent launch (a kernel starts while the one before it finishes) needs compute capability 9.0.
 inline bool pdl_enabled() {
     static const bool on = [] {
-        const char* v = std::getenv("MINFER_CUDA_PDL");
-        return !v || std::strcmp(v, "0") != 0;
+        int dev = 0, major = 0;
+        cudaGetDevice(&dev);
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        return major >= 9;
     }();
     return on;
 }

@@ -12,7 +12,7 @@
 // * Splits are captured as CUDA graphs on their second run and replayed after
 //   that (MINFER_CUDA_GRAPHS=0 turns this off): the decode step becomes one
 //   graph launch per token.  Scratch that would grow frees every recording.
-// * MINFER_CUDA_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
+// * MINFER_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
@@ -24,7 +24,9 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_api.h"
 #include "backends/cuda/kernels.h"
-#include "backends/levers.h"
+#include "backends/kernel_choice.h"
+#include "backends/offload.h"
+#include "common/settings.h"
 #include "quant/types.h"
 
 namespace minfer {
@@ -60,26 +62,18 @@ cudaError_t wait_event(cudaEvent_t ev, double timeout_s) {
 
 std::string gib(size_t b) { return strfmt("%.2f GiB", double(b) / double(1ull << 30)); }
 
-// MINFER_CUDA_DECODE: "q8" (default: decode's activations rounded to 8-bit blocks where the weight type has
-// that kernel, as the CPU backend and llama.cpp do) or "f32" (activations kept f32; the A/B switch).
-bool decode_q8_from_env() {
-    const char* v = std::getenv("MINFER_CUDA_DECODE");
-    if (!v || !std::strcmp(v, "q8")) return true;
-    if (!std::strcmp(v, "f32")) return false;
-    throw MinferError(strfmt("MINFER_CUDA_DECODE must be 'q8' or 'f32', got '%s'", v));
-}
+// Decode's activations are rounded to 8-bit blocks where the weight type has that kernel, as the CPU backend
+// and llama.cpp do; the kernel choice cuda.decode_activations=f32 keeps them f32 (tests compare paths with it).
+bool decode_q8() { return forced_kernel("cuda.decode_activations") != "f32"; }
 
-// MINFER_CUDA_QKV_ROPE: "1" (default: the QKV projection and the RoPE + KV store fused into one node, whose
-// decode matvec rotates and stores in its epilogue where it can; elsewhere the node runs the projection, then
-// the rope_kv_store kernel), "0" (two nodes; the A/B switch) or "epilogue" (as 1, but a one-row FusedQkvRope
-// whose matvec cannot take the epilogue is an error: tests use it to show which path ran).  Read per use.
+// The QKV projection and the RoPE + KV store are one node, whose decode matvec rotates and stores in its
+// epilogue where it can (elsewhere the node runs the projection, then the rope_kv_store kernel).  The kernel
+// choice cuda.qkv_rope=0 keeps two nodes; =epilogue makes a one-row node whose matvec cannot take the epilogue
+// an error (how tests show which path ran).
 enum class QkvRope { Off, On, Epilogue };
 QkvRope qkv_rope_mode() {
-    const char* v = std::getenv("MINFER_CUDA_QKV_ROPE");
-    if (!v || !*v || !std::strcmp(v, "1")) return QkvRope::On;
-    if (!std::strcmp(v, "0")) return QkvRope::Off;
-    if (!std::strcmp(v, "epilogue")) return QkvRope::Epilogue;
-    throw MinferError(strfmt("MINFER_CUDA_QKV_ROPE must be '0', '1' or 'epilogue', got '%s'", v));
+    const std::string v = forced_kernel("cuda.qkv_rope");
+    return v == "0" ? QkvRope::Off : v == "epilogue" ? QkvRope::Epilogue : QkvRope::On;
 }
 
 struct DevWeight {
@@ -164,7 +158,7 @@ class CudaBackend : public Backend {
     std::vector<float*> ascratch_, fscratch_, kscratch_;  // attention partials; f32 staging; split-K partials
     std::vector<float*> qscratch_;                        // decode's 8-bit activations
     size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0, qscratch_n_ = 0;
-    bool decode_q8_ = true;  // MINFER_CUDA_DECODE=f32 keeps decode's activations f32 (A/B)
+    bool decode_q8_ = true;  // decode_q8() when the backend was made
     // The 8-bit activations an AddRmsNorm left in qscratch_ (its norm window), for the node right after it
     // (the projection that reads the norm) to skip quantizing them again.
     struct Prequant {
@@ -184,10 +178,10 @@ class CudaBackend : public Backend {
 };
 
 CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
-    timeout_s_ = seconds_from_env("MINFER_GPU_TIMEOUT_S", 10.0);
-    if (const char* g = std::getenv("MINFER_CUDA_GRAPHS")) graphs_on_ = std::strcmp(g, "0") != 0;
-    cpu_ops_ = ops_from_env("MINFER_CUDA_CPU_OPS");
-    decode_q8_ = decode_q8_from_env();
+    timeout_s_ = gpu_timeout_s();
+    graphs_on_ = setting_bool("MINFER_CUDA_GRAPHS");
+    cpu_ops_ = cpu_ops_setting();
+    decode_q8_ = decode_q8();
     recent_.resize(8);
     check(cudaSetDevice(0), "selecting device 0");
     check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
@@ -605,7 +599,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             if (project(node, a, qkv_parts(), false, &e))
                 return;
             if (rows == 1 && qkv_rope_mode() == QkvRope::Epilogue)
-                throw MinferError(strfmt("CUDA '%s': MINFER_CUDA_QKV_ROPE=epilogue, but this projection's matvec cannot "
+                throw MinferError(strfmt("CUDA '%s': cuda.qkv_rope=epilogue, but this projection's matvec cannot "
                                          "rotate and store (%d rows, %s cache, head_dim %d, rope_dim %d)",
                                          node.name.c_str(), rows, type_traits(m.kv_type).name, m.head_dim, m.rope_dim));
             float* y = at(a.out);
@@ -639,16 +633,13 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             if (decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
                 q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
                                   rows, n);
-            // the norm before a layer's q/k/v projection (an attn_norm), and whether its q rows are Q4_K (the pipe
-            // kernel's: MINFER_CUDA_NORM_PDL's rule)
-            const size_t site = m.weight.find("attn_norm.weight");
-            bool q4k = false;
-            if (site != std::string::npos) {
-                auto wq = weights_.find(m.weight.substr(0, site) + "attn_q.weight");
-                q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
-            }
+            // whether the norm feeds a q/k/v projection, and whether its q rows are Q4_K (the pipe kernel's:
+            // the launch rule of add_norm_kernel)
+            const bool feeds_qkv = !m.feeds_q.empty();
+            auto wq = feeds_qkv ? weights_.find(m.feeds_q) : weights_.end();
+            const bool q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
             cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
-                              (const float*)weight(m.weight).p, m.eps, q8, stream_, site != std::string::npos, q4k);
+                              (const float*)weight(m.weight).p, m.eps, q8, stream_, feeds_qkv, q4k);
             if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
             return;
         }
@@ -787,7 +778,7 @@ namespace {
 // then left allocated rather than freed (cudaFree would wait for the hung kernel; H200 run 135 lost 9.5 minutes
 // to a hung test kernel behind a plain cudaDeviceSynchronize).
 struct Waits {
-    double timeout_s = seconds_from_env("MINFER_GPU_TIMEOUT_S", 10.0);
+    double timeout_s = gpu_timeout_s();
     bool hung = false;
     // Waits for event ev (recorded by the caller); what: the step, for the error.
     void on(cudaEvent_t ev, const char* what) {
@@ -834,7 +825,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     // The path the backend would take (auto), or one forced: f32 or q8 matvec (at most kMatvecMaxRows rows), gemm.
     std::string how = path;
     if (how == "auto")
-        how = rows > kMatvecMaxRows ? "gemm" : decode_q8_from_env() && cuda::matvec_q8_supported(type, K) ? "q8" : "f32";
+        how = rows > kMatvecMaxRows ? "gemm" : decode_q8() && cuda::matvec_q8_supported(type, K) ? "q8" : "f32";
     if (how != "gemm" && how != "q8" && how != "f32")
         throw MinferError("cuda_matmul: path must be 'auto', 'f32', 'q8' or 'gemm', got '" + path + "'");
     if (how != "gemm" && rows > kMatvecMaxRows)

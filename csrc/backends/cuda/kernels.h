@@ -55,7 +55,7 @@ struct MatvecArgs {
     float* y = nullptr;
     int64_t ldy = 0;
     QkvRopeEpilogue rope;
-    // Read by the spread builds of the block kernel alone (matvec_q8's MINFER_CUDA_MV_SPREAD): the
+    // Read by the spread builds of the block kernel alone (matvec_q8's spread_grid): the
     // launch's n rows dealt to its blocks, block g taking spread_q + (g < spread_r) of them (<= 8).
     int64_t spread_q = 0, spread_r = 0;
 };
@@ -97,7 +97,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 // y[:, :cols] = a + b, y[:, cols:] = RmsNorm(a + b) (the residual add fused with the next norm).
 // With q8.q set, the norm is also written as decode's 8-bit activations (matvec_q8).  before_attention: the
 // norm feeds the q/k/v projection (an attn_norm; else the FFN's or the output's), q4k: whose q rows are Q4_K --
-// MINFER_CUDA_NORM_PDL's sites and rule.
+// the inputs of add_norm_kernel's launch rule.
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false, bool q4k = false);
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,

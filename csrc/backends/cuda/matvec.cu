@@ -1,9 +1,7 @@
 // Decode's matrix-vector products: y[r, o] = x[r, :] . W[o, :] for a few
 // activation rows r, bound by streaming the weights from HBM once.
 //
-// A block of 8 warps owns 8 / wpr weight rows, wpr warps sharing each row
-// (long rows are split so every warp has a few units; the warps' sums meet in
-// shared memory).  K is walked in tiles:
+// A block of 8 warps owns 8 weight rows, a warp each.  K is walked in tiles:
 // the block stages the tile of every activation row in shared memory (read
 // from L2 once per block instead of once per weight row -- x is 4 bytes a
 // value against ~0.6 for the weights, so re-reading it was the bottleneck),
@@ -69,7 +67,9 @@ __device__ __forceinline__ void unit_dots_any(uint32_t type, const uint8_t* w, i
     }
 }
 
-// wpr warps share a row (each a strided share of its units), 8 / wpr rows per block.
+// wpr warps share a row (each a strided share of its units), 8 / wpr rows per block; the launch uses one warp a
+// row with x staged (the best of 1, 2, 4 and 8 warps a row, staged or not).  The parameters stay: fixing them at
+// compile time unrolls further and spills more.
 __global__ void __launch_bounds__(32 * kWarps, 3) matvec_kernel(MatvecArgs a, int tile, int wpr, bool stage) {
     pdl_start();
     extern __shared__ __align__(16) float xs[];
@@ -161,19 +161,8 @@ void matvec(const MatvecArgs& a, cudaStream_t s) {
     else
         for (int p = 0; p < a.n_parts; p++) rows += a.part[p].n_out;
     const size_t smem = size_t(a.n_rows) * size_t(padded(tile)) * 4;
-    // Variant lever for measurements (MINFER_CUDA_MATVEC="stage,wpr"): by default x is
-    // staged in shared memory and warps per row grow while each lane keeps 4+ units.
-    static int v_stage = -1, v_wpr = 0;
-    if (v_stage < 0) {
-        v_stage = 1;
-        if (const char* e = std::getenv("MINFER_CUDA_MATVEC")) std::sscanf(e, "%d,%d", &v_stage, &v_wpr);
-    }
-    // Default: one warp per row (measured best of 1, 2, 4, 8 warps per row; benchmarks/CUDA_NOTES.md).
-    const int wpr = v_wpr > 0 ? std::min(v_wpr, kWarps) : 1;
-    if (!v_stage) tile = int(a.K);
-    const int64_t rows_per_block = kWarps / wpr;
-    launch("matvec", matvec_kernel, dim3(unsigned((rows + rows_per_block - 1) / rows_per_block)), dim3(32 * kWarps),
-           v_stage ? smem : 0, s, a, tile, wpr, v_stage != 0);
+    launch("matvec", matvec_kernel, dim3(unsigned((rows + kWarps - 1) / kWarps)), dim3(32 * kWarps), smem, s, a, tile,
+           1, true);
 }
 
 }  // namespace minfer::cuda

@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "backends/cuda/common.cuh"
+#include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_q8_chunks.cuh"
 #include "backends/cuda/matvec_rows.cuh"
@@ -163,7 +164,7 @@ __device__ __forceinline__ float lane_chunks_any(uint32_t type, const uint8_t* r
 // registers.  The rows: 8 consecutive rows of one part, or with swiglu 4 gate rows then the same 4 up
 // rows.  A block whose rows are not all there (the last one, or one straddling two parts) is not staged
 // and reads global memory as before.  Every thread calls it; the result is uniform over the block.
-enum : int { kStageOff = 0, kStageAfterWait = 1, kStageBeforeWait = 2 };
+enum : int { kStageOff = 0, kStageBeforeWait = 2 };
 
 __device__ __forceinline__ void cp_async16(uint8_t* smem, const void* gmem) {
     const uint32_t d = uint32_t(__cvta_generic_to_shared(smem));
@@ -200,7 +201,7 @@ __device__ __forceinline__ bool stage_block_rows(const MatvecArgs& a, uint8_t* s
 // synchronized by the caller) added in warp order by thread t < the block's rows, and stored.
 // g: the block's group of rows (its blockIdx.x, or the group a stream kernel's block is at).  SPREAD: block g
 // takes rows (with swiglu gate/up pairs) g q + min(g, r) .. of the launch's n = q gridDim.x + r, q + (g < r) of
-// them (MatvecArgs::spread_q, spread_r; matvec_q8's MINFER_CUDA_MV_SPREAD).
+// them (MatvecArgs::spread_q, spread_r; spread_grid).
 template <bool SPREAD = false>
 __device__ __forceinline__ WarpRow block_row(const MatvecArgs& a, int i, int64_t g = blockIdx.x) {
     constexpr int half = kBlockRows / 2;
@@ -240,7 +241,6 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     // the weights are no earlier kernel's output: their copy may start before the wait and overlap it
     if (stage == kStageBeforeWait) staged = stage_block_rows(a, wsm);
     pdl_start();
-    if (stage == kStageAfterWait) staged = stage_block_rows(a, wsm);
     if (staged) {  // uniform over the block
         asm volatile("cp.async.wait_all;\n" ::: "memory");
         __syncthreads();
@@ -456,12 +456,6 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, 4) matvec_q8_stream_kernel(
     }
 }
 
-// An A/B lever's value, or null where it is unset, empty or "auto" (the rule).
-const char* lever(const char* var) {
-    const char* v = std::getenv(var);
-    return v && *v && std::strcmp(v, "auto") ? v : nullptr;
-}
-
 // How many chunks of a row of K values a lane of the block and pipe kernels takes, at most (kLanesPerRow lanes a
 // row in each of the kMatvecWarps warps, chunks dealt round-robin).
 int64_t chunks_a_lane(int64_t K) {
@@ -476,49 +470,36 @@ bool matvec_q8_whole_row(int64_t K) { return chunks_a_lane(K) == 2; }
 namespace {
 
 // Whether a launch the block kernel would take goes to matvec_q4k_pipe_kernel: rows shorter than 8192 (longer
-// ones keep the block kernel unrolled by two: K = 18944 ran 13.7 -> 18.9 us here), every part Q4_K or Q6_K and
-// at least one Q4_K (MINFER_CUDA_MV_PIPE=all: Q6_K alone too).  MINFER_CUDA_MV_PIPE=0 keeps the block kernel
-// (A/B lever, read per call).
+// ones keep the block kernel unrolled by two, which measured faster there), every part Q4_K or Q6_K and at
+// least one Q4_K.  The kernel choice cuda.matvec_pipe forces it off (0) or onto Q6_K alone too (all).
 bool pipe_kernel_for(const MatvecArgs& a) {
-    bool all = false;
-    if (const char* v = std::getenv("MINFER_CUDA_MV_PIPE"); v && *v) {
-        if (!std::strcmp(v, "0")) return false;
-        if (!std::strcmp(v, "all")) all = true;
-        else if (std::strcmp(v, "1"))
-            throw MinferError(strfmt("MINFER_CUDA_MV_PIPE must be 0, 1 or all, not '%s'", v));
-    }
+    const std::string v = forced_kernel("cuda.matvec_pipe");
+    if (v == "0") return false;
     bool q4k = false;
     for (int p = 0; p < weight_parts(a); p++) {
         if (a.part[p].type != GGML_TYPE_Q4_K && a.part[p].type != GGML_TYPE_Q6_K) return false;
         q4k |= a.part[p].type == GGML_TYPE_Q4_K;
     }
-    return (q4k || all) && a.K < 8192;
+    return (q4k || v == "all") && a.K < 8192;
 }
 
-// How far ahead the pipe kernel loads (1 or 2 chunks, or kWholeRow).  kWholeRow for rows of 33-64 chunks
-// (2048 < K <= 4096: the 7B's QKV, O and gate/up), where no lane has more than two: every weight byte of a block is
-// asked for as it starts, at 5 blocks an SM.  Measured (CUDA_NOTES run 116, chained decode at 512): 7B 533-534 ->
-// 548-549 tok/s (the gate/up's share of the step 23.5 -> 21.5 us a layer, the QKV's 6.1 -> 5.1); the probe's
-// single launches did not move: the gain is in the overlap with the kernels before.  Other rows keep the rule
-// before it ("old"): 2 where a lane has a second chunk and the launch is one wave at 4 blocks an SM (the 0.5B's
-// down), else 1 (the 1.5B's K = 1536 rows: one chunk a lane; runs 97-98: 2 everywhere cost the 7B 512 -> 504).
-// MINFER_CUDA_MV_AHEAD=1|2|whole forces a build, =old the previous rule everywhere (A/B levers, read per call).
+// How far ahead the pipe kernel loads (1 or 2 chunks, or kWholeRow).  kWholeRow where no lane has more than two
+// chunks (33-64 chunks a row, 2048 < K <= 4096): every weight byte of a block is asked for as it starts, at 5
+// blocks an SM, and the loads overlap the kernels before it.  Elsewhere 2 where a lane has a second chunk and
+// the launch is one wave at 4 blocks an SM, else 1 (two ahead everywhere spilled and measured slower).
+// The kernel choice cuda.pipe_ahead forces a build (tests).
 int pipe_ahead(int64_t blocks, int64_t K) {
     const int64_t n = chunks_a_lane(K);
-    const char* v = lever("MINFER_CUDA_MV_AHEAD");
-    const bool old = v && !std::strcmp(v, "old");
-    if (v && !old) {
-        if (!std::strcmp(v, "1")) return 1;
-        if (!std::strcmp(v, "2")) return 2;
-        if (!std::strcmp(v, "whole")) {
-            if (n > 2)
-                throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD=whole: rows of %lld values have more than two chunks a lane",
-                                         (long long)K));
-            return kWholeRow;
-        }
-        throw MinferError(strfmt("MINFER_CUDA_MV_AHEAD must be auto, 1, 2 or whole (or old), not '%s'", v));
+    const std::string v = forced_kernel("cuda.pipe_ahead");
+    if (v == "1") return 1;
+    if (v == "2") return 2;
+    if (v == "whole") {
+        if (n > 2)
+            throw MinferError(strfmt("cuda.pipe_ahead=whole: rows of %lld values have more than two chunks a lane",
+                                     (long long)K));
+        return kWholeRow;
     }
-    if (!old && matvec_q8_whole_row(K)) return kWholeRow;
+    if (matvec_q8_whole_row(K)) return kWholeRow;
     return n >= 2 && blocks <= 4 * int64_t(sm_count()) ? 2 : 1;
 }
 
@@ -554,15 +535,8 @@ MatvecKernel warp_kernel_build(const MatvecArgs& a) {
 }
 
 // Whether the block kernel's Q6_K build is the one unrolled by two (64 registers, 4 blocks an SM; else 40 and
-// 6): for rows of 8192 or more, and (since the aligned layout, q6k_layout.cuh) wherever a lane has a second
-// chunk (K > 2048: the 7B's vocabulary, K = 3584, 133.4 -> 128.3 us from DRAM; the 1.5B's, K = 1536, one chunk a
-// lane, would go 78.0 -> 86.8: CUDA_NOTES run 123).  MINFER_CUDA_MV_Q6K=old keeps the rows-of-8192 rule alone
-// (A/B lever, read per call).
-bool q6k_unrolled(const MatvecArgs& a) {
-    const char* v = lever("MINFER_CUDA_MV_Q6K");
-    if (v && std::strcmp(v, "old")) throw MinferError(strfmt("MINFER_CUDA_MV_Q6K must be auto or old, not '%s'", v));
-    return a.K >= 8192 || (!v && chunks_a_lane(a.K) >= 2);
-}
+// 6): wherever a lane has a second chunk (K > 2048).  Where it has one, the rolled build's higher occupancy wins.
+bool q6k_unrolled(const MatvecArgs& a) { return a.K >= 8192 || chunks_a_lane(a.K) >= 2; }
 
 BlockKernel block_kernel_build(const MatvecArgs& a) {
     const int t = launch_type(a);
@@ -580,22 +554,14 @@ BlockKernel block_kernel_build(const MatvecArgs& a) {
 // Whether the block kernel stages its rows in shared memory (stage_block_rows), and the bytes it needs: the
 // copies are whole 16-byte pieces, so every part's rows must start 16-byte aligned (W aligned, rb % 4 == 0
 // with 4 or 8 rows a region), and 8 rows (+ 16 bytes: the packed types' word loads read up to 4 bytes past a
-// field) must fit the 48 KB a launch gets without opting in.  Unset (auto), rows are staged before the PDL
-// wait where a block's rows take at most 12 KB: six blocks an SM then hold 72 KB of shared memory and leave L1
-// most of its 256 KB for x.  Measured (CUDA_NOTES runs 75-76, decode, three rounds): staged before the wait
-// everywhere, 1.5B 884 -> 926 tok/s (its rows: 7-10 KB a block) but 7B 426 -> 420 (16-24 KB); after the wait the
-// 7B lost 4-7 %.
-// MINFER_CUDA_MV_STAGE=off|after|before forces a mode (A/B lever, read per call).
+// field) must fit the 48 KB a launch gets without opting in.  By rule, rows are staged before the PDL wait where
+// a block's rows take at most 12 KB: six blocks an SM then hold 72 KB of shared memory and leave L1 most of its
+// 256 KB for x; larger blocks measured slower staged.  The kernel choice cuda.matvec_stage forces off or
+// before (tests); *forced says it did.
 int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
-    int mode = -1;
-    *forced = false;
-    if (const char* v = lever("MINFER_CUDA_MV_STAGE")) {
-        *forced = true;
-        if (!std::strcmp(v, "off")) mode = kStageOff;
-        else if (!std::strcmp(v, "after")) mode = kStageAfterWait;
-        else if (!std::strcmp(v, "before")) mode = kStageBeforeWait;
-        else throw MinferError(strfmt("MINFER_CUDA_MV_STAGE must be 'auto', 'off', 'after' or 'before', not '%s'", v));
-    }
+    const std::string v = forced_kernel("cuda.matvec_stage");
+    *forced = !v.empty();
+    int mode = v == "off" ? kStageOff : v == "before" ? kStageBeforeWait : -1;
     int64_t rb_max = 0;
     for (int p = 0; p < weight_parts(a); p++) {
         if (a.part[p].rb % 4 || uintptr_t(a.part[p].W) % 16) return kStageOff;
@@ -608,41 +574,30 @@ int block_stage(const MatvecArgs& a, size_t* bytes, bool* forced) {
 
 // Whether matvec_q8_stream_kernel takes a launch the block kernel would, and how far ahead it loads (0: it does
 // not).  It can take one part of Q4_K or Q6_K rows (no swiglu, one activation row); the rule gives it the launches
-// of many rows (more groups of 8 than 8 waves of blocks: the vocabularies) so short that a lane has one chunk of
-// each (K <= 2048): there the block kernel's blocks each make one round trip for 52 bytes a lane, where the
-// stream keeps the next row's chunk in flight (the 1.5B's vocabulary from DRAM 78 -> 67 us, CUDA_NOTES run 125).
-// Where lanes have two chunks or more the block kernel unrolled by two was faster (the 7B's vocabulary 127 -> 134
-// us, its downs: Q6_K 19.0 -> 20.5, Q4_K 13.9 -> 14.0-14.6): it has two chunks in flight, the stream one (two
-// would spill at the 64-register cap of four blocks an SM) -- except for Q6_K vocabularies of two chunks a lane
-// since the chunk layout (q6k_layout.cuh: a chunk in 48 bytes of registers, not 76): the 7B's from DRAM 122.8 ->
-// 119.1 us (CUDA_NOTES run 139; e2e run 141).  Ahead: 2 chunks for Q4_K (48 bytes a chunk in registers), 1 for
-// Q6_K.
-// MINFER_CUDA_MV_STREAM=0 keeps the block kernel, =only takes every launch the stream kernel can and raises on
-// one it cannot (A/B and test levers, read per call); MINFER_CUDA_MV_STREAM_AHEAD=1|2 forces Q4_K's distance.
+// of many rows (more groups of 8 than 8 waves of blocks: vocabulary projections) so short that a lane has one
+// chunk of each (K <= 2048): there the block kernel's blocks each make one round trip for 52 bytes a lane, where
+// the stream keeps the next row's chunk in flight.  Where lanes have two chunks or more, the block kernel
+// unrolled by two has two chunks in flight and measured faster -- except for Q6_K rows of two chunks a lane,
+// which the chunk layout (q6k_layout.cuh) keeps in 48 bytes of registers.  Ahead: 2 chunks for Q4_K, 1 for Q6_K.
+// The kernel choices cuda.matvec_stream (0: never; only: wherever it can run, an error elsewhere) and
+// cuda.stream_ahead force it (tests).
 int stream_ahead(const MatvecArgs& a, int64_t groups) {
     const uint32_t t = a.part[0].type;
     const bool can = a.n_rows == 1 && !a.swiglu && a.n_parts == 1 && (t == GGML_TYPE_Q4_K || t == GGML_TYPE_Q6_K);
     const int per_lane = chunks_a_lane(a.K);
     bool take = can && groups > 8 * 4 * int64_t(sm_count()) &&
                 (per_lane == 1 || (t == GGML_TYPE_Q6_K && per_lane == 2));
-    if (const char* v = lever("MINFER_CUDA_MV_STREAM")) {
-        if (!std::strcmp(v, "0")) take = false;
-        else if (!std::strcmp(v, "only")) {
-            if (!can)
-                throw MinferError("MINFER_CUDA_MV_STREAM=only: this launch is not one part of Q4_K or Q6_K rows "
-                                  "times one activation row");
-            take = true;
-        } else
-            throw MinferError(strfmt("MINFER_CUDA_MV_STREAM must be auto, 0 or only, not '%s'", v));
+    const std::string v = forced_kernel("cuda.matvec_stream");
+    if (v == "0") take = false;
+    if (v == "only") {
+        if (!can)
+            throw MinferError("cuda.matvec_stream=only: this launch is not one part of Q4_K or Q6_K rows times one "
+                              "activation row");
+        take = true;
     }
     if (!take) return 0;
     if (t == GGML_TYPE_Q6_K) return 1;
-    if (const char* v = lever("MINFER_CUDA_MV_STREAM_AHEAD")) {
-        if (!std::strcmp(v, "1")) return 1;
-        if (!std::strcmp(v, "2")) return 2;
-        throw MinferError(strfmt("MINFER_CUDA_MV_STREAM_AHEAD must be auto, 1 or 2, not '%s'", v));
-    }
-    return 2;
+    return forced_kernel("cuda.stream_ahead") == "1" ? 1 : 2;
 }
 
 // How many blocks of a matvec build (32 * kMatvecWarps threads, smem bytes of dynamic shared memory) an SM holds:
@@ -661,29 +616,23 @@ int blocks_per_sm(const void* kernel, size_t smem) {
     return n;
 }
 
-// MINFER_CUDA_MV_SPREAD=auto|0|1|only: a launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192
-// and more: the downs; Q6_K rows of 2048 < K < 8192) deals its rows evenly to whole waves of blocks -- as many
-// waves as its 8 rows a block take, each full -- instead of 8 a block, which leaves the last wave part-full: the
-// 7B's downs are 448 blocks where a wave is 528 (52 SMs run 4 of them, 80 run 3).  The same lanes and sums a
-// row: the same bits.  Built as separate kernels (SPREAD), so the default builds' code is unchanged.  auto (the
-// default) spreads launches of at least half a wave of blocks (each block keeps 4-8 rows): measured (CUDA_NOTES
-// run 139, chained decode) the 7B's downs gained and the 1.5B's (192 blocks spread to 528 of ~3 rows) lost; the
-// pipe kernel's whole-row build spread the same way (the 7B's O and gate/up) lost 7 % (run 137) and has no
-// spread build.  1 spreads every launch it can, 0 none; =only spreads as 1 does and raises for a launch it
-// cannot spread (the tests: each case shows it ran).  Read per call (a captured graph keeps its choice).
+// A launch of the block kernel unrolled by two (Q4_K and Q6_K rows of 8192 and more; Q6_K rows of 2048 < K <
+// 8192) may deal its rows evenly to whole waves of blocks -- as many waves as its 8 rows a block take, each
+// full -- instead of 8 a block, which leaves the last wave part-full.  The same lanes and sums a row: the same
+// bits.  Built as separate kernels (SPREAD), so the default builds' code is unchanged.  By rule, launches of at
+// least half a wave of blocks are spread (each block keeps 4-8 rows; smaller launches spread to ~3 rows a block
+// measured slower); the pipe kernel has no spread build (spreading it measured slower).  The kernel choice
+// cuda.matvec_spread forces 0 (never), 1 (wherever it can) or only (as 1, and an error for a launch it cannot
+// spread: how tests show it ran).
 enum SpreadMode { kSpreadOff, kSpreadAuto, kSpreadOn, kSpreadOnly };
 SpreadMode spread_mode() {
-    const char* v = lever("MINFER_CUDA_MV_SPREAD");
-    if (!v) return kSpreadAuto;
-    if (!std::strcmp(v, "0")) return kSpreadOff;
-    if (!std::strcmp(v, "1")) return kSpreadOn;
-    if (!std::strcmp(v, "only")) return kSpreadOnly;
-    throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD must be auto, 0, 1 or only, not '%s'", v));
+    const std::string v = forced_kernel("cuda.matvec_spread");
+    return v == "0" ? kSpreadOff : v == "1" ? kSpreadOn : v == "only" ? kSpreadOnly : kSpreadAuto;
 }
 
 // A launch whose kernel has no spread build: =only says so (how the tests show that a launch was spread).
 void no_spread_build(SpreadMode mode) {
-    if (mode == kSpreadOnly) throw MinferError("MINFER_CUDA_MV_SPREAD=only: this launch's kernel has no spread build");
+    if (mode == kSpreadOnly) throw MinferError("cuda.matvec_spread=only: this launch's kernel has no spread build");
 }
 
 // spread: the launch's spread build or null.  Returns the grid, or 0: not spread.
@@ -704,7 +653,7 @@ int64_t spread_grid(MatvecArgs& a, const void* spread, size_t smem, int64_t grid
     const int64_t blocks = std::min((grid + wave - 1) / wave * wave, rows);  // >= grid: at most 8 rows a block
     if (blocks == grid) {
         if (only)
-            throw MinferError(strfmt("MINFER_CUDA_MV_SPREAD=only: %lld blocks are whole waves of %lld already",
+            throw MinferError(strfmt("cuda.matvec_spread=only: %lld blocks are whole waves of %lld already",
                                      (long long)grid, (long long)wave));
         return 0;
     }
@@ -734,21 +683,13 @@ void launch_stream(const MatvecArgs& a, const XQ& x, int ahead, int64_t groups, 
 }
 
 // Which kernel takes one activation row: the block kernel for K-quant rows of K >= 1024, the warp-per-row
-// one otherwise.  Measured on the H200 (CUDA_NOTES runs 41-44): on the 0.5B layout's K = 896 rows the block's
-// idle lane slots and block-wide reduction cost more than the shared x saves, and the 7B Q8_0 layout ran
-// 310 -> 269 tok/s with it (a Q8_0 chunk is 32 values: four lanes cover 136 bytes of a row, loaded as
-// unaligned words).  MINFER_CUDA_MV=warp|block|<min K, any type> overrides the rule (A/B lever; read per call
-// on the host, a captured graph keeps its choice).
+// one otherwise.  On shorter rows the block's idle lane slots and block-wide reduction cost more than the
+// shared x saves, and Q8_0 rows (a chunk is 32 values: four lanes cover 136 bytes of a row, loaded as unaligned
+// words) measured slower in the block kernel.  The kernel choice cuda.matvec forces warp or block (tests).
 bool block_kernel_for(const MatvecArgs& a) {
     if (a.n_rows != 1) return false;
-    if (const char* v = std::getenv("MINFER_CUDA_MV"); v && *v) {
-        char* end = nullptr;
-        const long long n = std::strtoll(v, &end, 10);
-        if (!std::strcmp(v, "warp")) return false;
-        if (!std::strcmp(v, "block")) return true;
-        if (end != v && !*end && n >= 0) return a.K >= n;
-        throw MinferError(strfmt("MINFER_CUDA_MV must be 'warp', 'block' or a row length, not '%s'", v));
-    }
+    const std::string v = forced_kernel("cuda.matvec");
+    if (!v.empty()) return v == "block";
     for (int p = 0; p < weight_parts(a); p++)
         if (a.part[p].type != GGML_TYPE_Q4_K && a.part[p].type != GGML_TYPE_Q6_K) return false;
     return a.K >= 1024;

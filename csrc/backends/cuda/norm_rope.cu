@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"
+#include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
 #include "backends/cuda/rope.cuh"
@@ -83,7 +84,7 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 // it is decode's plain RmsNorm (the first layer's): y[:, :cols] = RmsNorm(a), no sum window.
 constexpr int kNormF4 = 4;  // float4s per thread: 4 * 256 * 4 = 4096 values
 
-// WAIT_FIRST: the kernel waits for the one before it before it lets the next one launch (MINFER_CUDA_NORM_PDL).
+// WAIT_FIRST: the kernel waits for the one before it before it lets the next one launch (add_norm_kernel's rule).
 template <bool WAIT_FIRST>
 __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                                              float* y, int64_t ldy, int cols,
@@ -236,35 +237,18 @@ namespace {
 bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld % 4 == 0; }
 
 // When decode's add + norm lets the next kernel -- a projection whose blocks ask for their weights before their
-// own wait -- launch: as it starts (release), or once its own wait is over (wait).  The rule waits before a q/k/v
-// projection of Q4_K rows the pipe kernel's whole-row build takes (matvec_q8_whole_row: 2048 < K <= 4096), whose
-// 576 blocks (7B) ask for all 9.5 MB of their weights at once -- in the down's free block slots while the down
-// runs, then as its blocks leave -- and so slow the down and the norm's reads of its output that the whole layer
-// waits for;
-// everywhere else the norm releases first (the 7B Q8_0 layout's q/k/v projection, the warp kernel, asks for
-// nothing before its wait: not measured either way).  Measured (CUDA_NOTES runs 128-133, chained decode at 512 /
-// 4096): 7B 560 -> 569 / 440 -> 467 tok/s waiting before the QKV, its downs 0.7 us a layer faster; the 1.5B (K =
-// 1536: one chunk a lane, loaded ahead) lost 2-4 % waiting anywhere, and waiting before the FFN lost for both.
-// MINFER_CUDA_NORM_PDL=release|wait|wait-attn|wait-ffn forces it everywhere, before the q/k/v projections only, or
-// before the others only (A/B lever, read per call).
+// own wait -- launch: as it starts (release), or once its own wait is over (wait).  It waits before a q/k/v
+// projection of Q4_K rows that the pipe kernel's whole-row build takes (matvec_q8_whole_row: 2048 < K <= 4096):
+// that launch asks for every weight byte at once, and released early it competes with the kernels still
+// finishing the layer before.  Everywhere else (shorter rows, loaded a chunk ahead; the FFN's projections) the
+// early release measured faster.  The kernel choice cuda.norm_pdl forces one behaviour (tests).
 void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*, int64_t, const float*, int64_t, float*,
                                                                     int64_t, int, const float*, float, Q8Act) {
-    const char* v = std::getenv("MINFER_CUDA_NORM_PDL");
+    const std::string v = forced_kernel("cuda.norm_pdl");
     bool wait = before_attention && q4k && matvec_q8_whole_row(cols);
-    if (v && *v && std::strcmp(v, "auto")) {
-        const bool all = !std::strcmp(v, "wait"), attn = !std::strcmp(v, "wait-attn");
-        const bool ffn = !std::strcmp(v, "wait-ffn");
-        if (!all && !attn && !ffn && std::strcmp(v, "release"))
-            throw MinferError(strfmt(
-                "MINFER_CUDA_NORM_PDL must be 'auto', 'release', 'wait', 'wait-attn' or 'wait-ffn', not '%s'", v));
-        wait = all || (attn && before_attention) || (ffn && !before_attention);
-    }
+    if (!v.empty())
+        wait = v == "wait" || (v == "wait-attn" && before_attention) || (v == "wait-ffn" && !before_attention);
     return wait ? add_rmsnorm_f4_kernel<true> : add_rmsnorm_f4_kernel<false>;
-}
-
-bool norm_v1() {  // MINFER_CUDA_NORM=v1: decode's norms through the scalar kernels (A/B lever)
-    const char* lever = std::getenv("MINFER_CUDA_NORM");
-    return lever && std::strcmp(lever, "v1") == 0;
 }
 
 }  // namespace
@@ -276,7 +260,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     // Decode's whole-row norm (the first layer's): the float4 kernel, which also writes the 8-bit activations.
     // It runs out of place only (its blocks read the whole row before any writes its part).
     if (width == cols && rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(x, ldx) &&
-        aligned16(y, ldy) && aligned16(w, 0) && x != y && !norm_v1()) {
+        aligned16(y, ldy) && aligned16(w, 0) && x != y) {
         launch("rmsnorm", add_rmsnorm_f4_kernel<false>, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)),
                dim3(256), 0, s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
         return q8.q != nullptr;
@@ -293,7 +277,7 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
     if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
-        aligned16(y, ldy) && aligned16(w, 0) && !norm_v1()) {
+        aligned16(y, ldy) && aligned16(w, 0)) {
         launch("add_rmsnorm", add_norm_kernel(before_attention, q4k, cols),
                dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0, s, a, lda, b, ldb, y, ldy, cols, w,
                eps, q8);

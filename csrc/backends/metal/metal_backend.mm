@@ -12,7 +12,7 @@
 //   memcpys through -contents (after the GPU is idle).
 // * execute_node encodes into one compute encoder of one command buffer per
 //   split, with a buffer barrier between dispatches; synchronize commits it
-//   and waits for its completion handler with a bound (MINFER_METAL_TIMEOUT_S,
+//   and waits for its completion handler with a bound (MINFER_GPU_TIMEOUT_S,
 //   default 10 s).  A timeout or a command-buffer error names the last
 //   dispatches and leaves the backend refusing work.
 // * Before any dispatch, the shape is checked against the pipeline's and the
@@ -40,7 +40,9 @@
 #include <string>
 #include <vector>
 
-#include "backends/levers.h"
+#include "backends/kernel_choice.h"
+#include "backends/offload.h"
+#include "common/settings.h"
 #include "backends/metal/metal_api.h"
 #include "common/error.h"
 #include "quant/types.h"
@@ -77,7 +79,7 @@ struct MetalDevice {
     }
 
     static std::string library_path() {
-        if (const char* p = std::getenv("MINFER_METALLIB")) return p;
+        if (std::string p = setting_text("MINFER_METALLIB"); !p.empty()) return p;
         Dl_info info;
         if (dladdr((const void*)&metal_device_info, &info) && info.dli_fname) {
             std::string dir = info.dli_fname;
@@ -215,18 +217,18 @@ class MetalBackend : public Backend {
     id<MTLBuffer> token_ = nil;  // the argmax kernel's int result
     id<MTLBuffer> partial_ = nil;  // attention_split's partials
     id<MTLBuffer> scratch_ = nil;  // the up projection of a FusedFFN whose gate and up cannot share a dispatch
-    bool attn_split_ = true;       // MINFER_METAL_ATTN=flash turns the KV-split decode variant off (A/B)
+    bool attn_split_ = true;       // the KV-split decode kernel where it applies (kernel choice metal.attention)
     // Matmul tiers by activation rows: [1, rows_min_) single-token, [rows_min_, mm_min_rows_) small batch,
     // the rest the simdgroup-matrix GEMM.  Not measured on a Mac: one row is what the single-token kernel is
     // for; past 8 rows the small-batch kernel reads each weight once per group of 8, so the GEMM tile takes
-    // over.  MINFER_METAL_MATMUL=matvec|rows|simdgroup forces one tier (A/B).
+    // over (kernel choice metal.matmul forces one tier).
     uint rows_min_ = 2, mm_min_rows_ = 9;
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
     std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
     std::vector<std::string> recent_;
     size_t recent_at_ = 0;
-    std::set<Op> cpu_ops_;  // MINFER_METAL_CPU_OPS: ops left to the CPU (mixed graphs)
+    std::set<Op> cpu_ops_;  // MINFER_CPU_OPS: ops left to the CPU (mixed graphs)
     double timeout_s_ = 10.0;
     bool failed_ = false;
     std::string failure_;
@@ -234,21 +236,13 @@ class MetalBackend : public Backend {
 
 MetalBackend::MetalBackend(const WeightStore* weights) : dev_(MetalDevice::get()) {
     if (!dev_.error.empty()) throw MinferError("Metal: " + dev_.error);
-    timeout_s_ = seconds_from_env("MINFER_METAL_TIMEOUT_S", 10.0);
-    cpu_ops_ = ops_from_env("MINFER_METAL_CPU_OPS");
-    if (const char* v = std::getenv("MINFER_METAL_MATMUL")) {
-        const std::string t = v;
-        if (t == "matvec") rows_min_ = mm_min_rows_ = UINT32_MAX;
-        else if (t == "rows") rows_min_ = 1, mm_min_rows_ = UINT32_MAX;
-        else if (t == "simdgroup") rows_min_ = mm_min_rows_ = 1;
-        else if (t != "auto")
-            throw MinferError(strfmt("MINFER_METAL_MATMUL must be 'auto', 'matvec', 'rows' or 'simdgroup', got '%s'", v));
-    }
-    if (const char* v = std::getenv("MINFER_METAL_ATTN")) {
-        if (std::strcmp(v, "flash") && std::strcmp(v, "split"))
-            throw MinferError(strfmt("MINFER_METAL_ATTN must be 'flash' or 'split', got '%s'", v));
-        attn_split_ = std::strcmp(v, "split") == 0;
-    }
+    timeout_s_ = gpu_timeout_s();
+    cpu_ops_ = cpu_ops_setting();
+    const std::string tier = forced_kernel("metal.matmul");  // tests force one tier for every row count
+    if (tier == "matvec") rows_min_ = mm_min_rows_ = UINT32_MAX;
+    else if (tier == "rows") rows_min_ = 1, mm_min_rows_ = UINT32_MAX;
+    else if (tier == "simdgroup") rows_min_ = mm_min_rows_ = 1;
+    if (const std::string attn = forced_kernel("metal.attention"); !attn.empty()) attn_split_ = attn == "split";
     recent_.resize(8);
     @autoreleasepool {
         // Zero-copy weights: one no-copy buffer per mapped file, warmed by touching each page.
@@ -430,7 +424,7 @@ void MetalBackend::synchronize() {
     cmd_ = nil;
     enc_ = nil;
     if (dispatch_semaphore_wait(done, dispatch_time(DISPATCH_TIME_NOW, int64_t(timeout_s_ * double(NSEC_PER_SEC)))) != 0)
-        fail(strfmt("the GPU did not finish within %.1f s (MINFER_METAL_TIMEOUT_S)", timeout_s_));
+        fail(strfmt("the GPU did not finish within %.1f s (MINFER_GPU_TIMEOUT_S)", timeout_s_));
     if ([cmd status] == MTLCommandBufferStatusError)
         fail("the command buffer failed: " + ns([[cmd error] localizedDescription]));
     }
