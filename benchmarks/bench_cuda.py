@@ -1,12 +1,12 @@
 """CUDA end-to-end speed on the layouts of real models (issue 6).
 
-    MINFER_SHARED=... python benchmarks/bench_cuda.py [--models 0.5b,1.5b,7b] [--json out.json]
+    MINFER_SHARED=... python benchmarks/bench_cuda.py [--models 0.5b,1.5b,7b] [--llama-bench PATH] [--json out.json]
 
 Models: full-size files with the exact layouts of qwen2.5-coder-0.5b / -1.5b and
 a 7B qwen2 (Q4_K_M mixes) and random weights, made from the headers in
-../shared/fixtures/layouts (tests/conftest.layout_model).  llama.cpp's numbers
-for the same layouts on this GPU type are in ../shared/anchors.md (llama-bench
--ngl 99 -fa 1, CUDA graphs on); the ratios below are against those.
+../shared/fixtures/layouts (tests/conftest.layout_model).  With --llama-bench, llama.cpp's
+llama-bench runs on the same files in the same call (-ngl 99 -fa 1: all layers on the GPU, flash
+attention, CUDA graphs on) and the ratios are against it; without, no ratio is printed.
 
 Measured (medians of --reps, after a warm-up of the same shape):
   pp N     prefill of an N-token prompt: one Session.eval
@@ -40,8 +40,19 @@ LAYOUTS = {
 # "-q8": the same layouts with every quantized matrix in Q8_0 (benchmarks/layout_q8_0.py);
 # anchors.md has no llama.cpp numbers for these, so no ratio is printed for them.
 LAYOUTS.update({k + "-q8": v for k, v in LAYOUTS.items()})
-# llama.cpp b10573 on one H200 (../shared/anchors.md): pp512, pp2048, tg128, tg128 at depth 4096
-LLAMA = {"0.5b": (40.8e3, 43.4e3, 840, 787), "1.5b": (26.4e3, 28.1e3, 533, 503), "7b": (9.8e3, 10.0e3, 263, 250)}
+
+
+def llama_bench(binary: str, path: str, reps: int) -> tuple:
+    """llama.cpp on the same file: pp512, pp2048, tg128 after 512 and after 4096 tokens of context."""
+    import subprocess
+
+    def run(*args):
+        out = subprocess.run([binary, "-m", path, "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json", *args],
+                             capture_output=True, text=True, check=True)
+        return [r["avg_ts"] for r in json.loads(out.stdout)]
+    pp = run("-p", "512,2048", "-n", "0")
+    tg = run("-p", "0", "-n", "128", "-d", "512,4096")
+    return pp[0], pp[1], tg[0], tg[1]
 
 
 def decode_bytes(model, path: str, depth: int) -> float:
@@ -117,17 +128,7 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
 
 def kernels() -> None:
     """Kernel-level rates at the 7B layout's largest shapes (ffn_down-like 3584 x 18944, ffn_up-like
-    18944 x 3584), the 1.5B ffn_up shape (8960 x 1536) and a vocabulary-sized output, for each matvec variant in $MATVEC_VARIANTS
-    (each a value of MINFER_CUDA_MATVEC, run in a fresh process)."""
-    import os
-    import subprocess
-
-    variants = os.environ.get("MATVEC_VARIANTS", "")
-    if variants and "MINFER_CUDA_MATVEC" not in os.environ:
-        for v in variants.split(";"):
-            print(f"--- matvec variant {v} (stage, warps per row, blocks per SM)", flush=True)
-            subprocess.run([sys.executable, __file__, "--kernels-only"], env=dict(os.environ, MINFER_CUDA_MATVEC=v))
-        return
+    18944 x 3584), the 1.5B ffn_up shape (8960 x 1536) and a vocabulary-sized output."""
     import minfer._minfer as M
 
     rng = np.random.default_rng(0)
@@ -142,7 +143,7 @@ def kernels() -> None:
             for path in ("f32", "q8"):
                 _, sec = M.cuda_matmul(t, w, x, n, 50, path=path)
                 print(f"matvec {path:3} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
-        if os.environ.get("MINFER_CUDA_MATVEC", "1,0") == "1,0" and n < 100000:
+        if n < 100000:
             x = rng.standard_normal((2048, k)).astype(np.float32)
             _, sec = M.cuda_matmul(t, w, x, n, 5, path="gemm")
             print(f"gemm   {tname} 2048x{n}x{k}: {sec * 1e3:7.2f} ms  {2 * 2048 * n * k / sec / 1e12:6.0f} TFLOP/s")
@@ -170,10 +171,8 @@ def main() -> None:
     ap.add_argument("--kernels", action="store_true", help="kernel-level matvec/GEMM rates first")
     ap.add_argument("--profile", default="", help="per-op profile of one layout (e.g. 1.5b)")
     ap.add_argument("--decode-only", action="store_true", help="only tg@512 and tg@4096 (A/B runs)")
-    ap.add_argument("--kernels-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--llama-bench", default="", help="llama.cpp's llama-bench, run on the same files for the ratios")
     a = ap.parse_args()
-    if a.kernels_only:
-        return kernels()
     import minfer._minfer as M
 
     info = M.cuda_info()
@@ -185,14 +184,21 @@ def main() -> None:
         profile(a.profile)
     copy = M.cuda_copy_bandwidth(1 << 31, 20)
     out = {"device": info["name"], "copy_gbps": copy / 1e9}
+    llama = {}
     for name in a.models.split(","):
         bench(name, a.reps, out, a.decode_only)
+        if a.llama_bench and not a.decode_only:
+            from conftest import layout_model
+
+            path = str(layout_model(LAYOUTS[name], q8_0=name.endswith("-q8")))
+            llama[name] = llama_bench(a.llama_bench, path, a.reps)
+            out[name]["llama"] = dict(zip(("pp512", "pp2048", "tg@512", "tg@4096"), llama[name]))
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'layout':7} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
           f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9} "
           f"{'chain@512':>9} {'x':>5} {'%copy':>6} {'chain@4096':>10} {'x':>5}")
     for name in a.models.split(","):
-        r, l = out[name], LLAMA.get(name, (float("nan"),) * 4)
+        r, l = out[name], llama.get(name, (float("nan"),) * 4)
         r = {k: r.get(k, float("nan")) for k in ("load_s", "pp512", "pp2048", "tg@512", "tg@4096", "gbps@512",
                                                   "gbps@4096", "tg_logits@512", "chain@512", "chain@4096",
                                                   "chain_gbps@512")}

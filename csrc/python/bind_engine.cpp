@@ -6,7 +6,7 @@
 
 #include "common/error.h"
 #include "python/bindings.h"
-#include "runtime/session.h"
+#include "engine/session.h"
 
 namespace py = pybind11;
 

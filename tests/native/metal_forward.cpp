@@ -18,7 +18,7 @@
 #include <string>
 
 #include "backends/kernel_choice.h"
-#include "runtime/session.h"
+#include "engine/session.h"
 
 using namespace minfer;
 

@@ -1,4 +1,4 @@
-#include "runtime/session.h"
+#include "engine/session.h"
 
 #include <cstdio>
 #include <cstdlib>

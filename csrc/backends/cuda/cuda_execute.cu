@@ -1,0 +1,214 @@
+// The CUDA backend's execution of one node: projections (decode matvec or prefill GEMM, fused parts), norms,
+// RoPE and the KV store, attention and elementwise ops, each enqueued on the backend's stream.  Reference:
+// tests/test_cuda.py (each op against the reference backend; forward passes against the CPU and llama.cpp).
+#include "backends/cuda/cuda_backend.cuh"
+
+namespace minfer::cuda_host {
+
+CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const {
+    const DevWeight& dw = weight(w);
+    if (n_out > dw.rows)
+        throw MinferError(strfmt("CUDA: %lld outputs from weight '%s' of %lld rows", (long long)n_out, w.c_str(),
+                                 (long long)dw.rows));
+    return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
+}
+
+bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
+                          const cuda::QkvRopeEpilogue* rope) {
+    const int64_t K = parts[0].w->cols;
+    for (const Proj& p : parts)
+        if (p.w->cols != K) throw MinferError(strfmt("CUDA '%s': fused weights of different widths", node.name.c_str()));
+    const int rows = node.rows;
+    const float* x = at(a.in[0]);
+    int64_t ldx = a.in[0].ld;
+    float* y = at(a.out);
+    const int64_t ldy = a.out.ld;
+    if (rows <= kMatvecMaxRows) {  // decode: weights streamed once
+        MatvecArgs m;
+        m.n_parts = int(parts.size());
+        m.swiglu = swiglu;
+        m.K = K;
+        bool q8 = decode_q8_;
+        for (size_t i = 0; i < parts.size(); i++) {
+            m.part[i] = MatvecPart{parts[i].w->p, parts[i].bias, row_bytes(parts[i].w->type, K), parts[i].w->type,
+                                   parts[i].n_out, parts[i].y_col};
+            q8 = q8 && cuda::matvec_q8_supported(parts[i].w->type, K);
+        }
+        m.n_rows = rows;
+        m.y = y;
+        m.ldy = ldy;
+        if (q8) {  // activations rounded to 8 bits once, integer dot products
+            m.x = x;
+            m.ldx = ldx;
+            float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
+            const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
+            if (rope) {
+                m.rope = *rope;
+                if (!cuda::matvec_q8_rope_fusable(m)) m.rope = cuda::QkvRopeEpilogue{};
+            }
+            cuda::matvec_q8(m, sc, ready, stream_);
+            return m.rope.pos != nullptr;
+        }
+        if (uintptr_t(x) % 16 || ldx % 4) {  // f32 activations; a column window at an odd offset: copy to aligned rows
+            float* xa = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(K));
+            cuda::copy_rows(x, ldx, xa, K, rows, int(K), stream_);
+            x = xa;
+            ldx = K;
+        }
+        m.x = x;
+        m.ldx = ldx;
+        cuda::matvec(m, stream_);
+        return false;
+    }
+    // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
+    int64_t max_n = 0;
+    for (const Proj& p : parts) max_n = std::max(max_n, p.n_out);
+    __half* wh = scratch(wscratch_, wscratch_n_, size_t(max_n * K));
+    __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
+    float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+    cuda::convert_f16(x, ldx, rows, K, xh, stream_);
+    for (size_t i = 0; i < parts.size(); i++) {
+        const Proj& p = parts[i];
+        const int splits = gemm_splits(rows, p.n_out, K);
+        float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
+                                    : nullptr;
+        cuda::dequantize_f16(p.w->type, p.w->p, p.n_out, K, wh, stream_);
+        if (swiglu && i == 1) cuda::gemm_f16(xh, wh, rows, p.n_out, K, up, p.n_out, nullptr, partial, stream_);
+        else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
+    }
+    if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+    return false;
+}
+
+void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
+    usable();
+    pending_ = prequant_;  // valid for this node only
+    prequant_ = Prequant{};
+    recent_[recent_at_] = node.name;
+    recent_at_ = (recent_at_ + 1) % recent_.size();
+    const NodeMeta& m = node.meta;
+    const int rows = node.rows, cols = node.cols;
+    auto ld = [&](size_t i) { return a.in[i].ld; };
+    auto qkv_parts = [&] {  // FusedQKV, FusedQkvNorm, FusedQkvRope: q, k, v side by side
+        return std::vector<Proj>{proj(m.wq, m.bq, m.q_cols, 0), proj(m.wk, m.bk, m.k_cols, m.q_cols),
+                                 proj(m.wv, m.bv, m.v_cols, m.q_cols + m.k_cols)};
+    };
+    switch (node.op) {
+        case Op::Input:
+            return;
+        case Op::GetRows: {
+            const DevWeight& w = weight(m.weight);
+            return cuda::get_rows(w.type, w.p, w.rows, w.cols, (const int32_t*)at(a.in[0]), rows, at(a.out), a.out.ld,
+                                  err_dev_, stream_);
+        }
+        case Op::TailRow:
+            return cuda::copy_rows(at(a.in[0]) + int64_t(m.src_row) * ld(0), ld(0), at(a.out), a.out.ld, 1, cols, stream_);
+        case Op::RmsNorm: case Op::QkNorm: {
+            cuda::Q8Act q8;  // decode's whole-row norm: also the next projection's 8-bit activations
+            if (node.op == Op::RmsNorm && decode_q8_ && rows <= kMatvecMaxRows && cols % 64 == 0)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
+                                  rows, cols);
+            if (cuda::rmsnorm(at(a.in[0]), ld(0), at(a.out), a.out.ld, rows, cols,
+                              node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps, q8,
+                              stream_))
+                prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+            return;
+        }
+        case Op::MatMul:
+            project(node, a, {proj(m.weight, m.bias, cols, 0)}, false);
+            return;
+        case Op::FusedQKV:
+            project(node, a, qkv_parts(), false);
+            return;
+        case Op::FusedQkvRope: {  // decode: the matvec's end rotates and stores; else the separate kernel after it
+            const int32_t* pos = (const int32_t*)at(a.in[1]);
+            cuda::QkvRopeEpilogue e;
+            e.pos = pos;
+            e.head_dim = m.head_dim;
+            e.rope_dim = m.rope_dim;
+            e.n_ctx = m.n_ctx;
+            e.base = m.rope_base;
+            e.neox = m.rope_neox;
+            e.kv_type = m.kv_type;
+            e.K = raw(a.kv_k);
+            e.V = raw(a.kv_v);
+            e.err = err_dev_;
+            if (project(node, a, qkv_parts(), false, &e))
+                return;
+            if (rows == 1 && qkv_rope_mode() == QkvRope::Epilogue)
+                throw MinferError(strfmt("CUDA '%s': cuda.qkv_rope=epilogue, but this projection's matvec cannot "
+                                         "rotate and store (%d rows, %s cache, head_dim %d, rope_dim %d)",
+                                         node.name.c_str(), rows, type_traits(m.kv_type).name, m.head_dim, m.rope_dim));
+            float* y = at(a.out);
+            const int64_t ly = a.out.ld;
+            cuda::RopeStoreShape sh{rows, m.q_cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
+                                    m.rope_neox, m.kv_type, m.n_ctx};
+            return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, y, ly, raw(a.kv_k),
+                                       raw(a.kv_v), err_dev_, stream_);
+        }
+        case Op::FusedQkvNorm: {  // the projections, then qwen3's per-head norms of q and k in place
+            project(node, a, qkv_parts(), false);
+            float* y = at(a.out);
+            cuda::rmsnorm(y, a.out.ld, y, a.out.ld, rows, m.q_cols, m.head_dim, (const float*)weight(m.q_norm).p, m.eps,
+                          cuda::Q8Act{}, stream_);
+            cuda::rmsnorm(y + m.q_cols, a.out.ld, y + m.q_cols, a.out.ld, rows, m.k_cols, m.head_dim,
+                          (const float*)weight(m.k_norm).p, m.eps, cuda::Q8Act{}, stream_);
+            return;
+        }
+        case Op::FusedFFN:
+            project(node, a, {proj(m.w_gate, "", cols, 0), proj(m.w_up, "", cols, 0)}, true);
+            return;
+        case Op::Rope:
+            return cuda::rope(at(a.in[0]), ld(0), at(a.out), a.out.ld, (const int32_t*)at(a.in[1]), rows, cols,
+                              m.head_dim, m.rope_dim, m.rope_base, m.rope_neox, stream_);
+        case Op::KvStore:
+            return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
+                                  m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
+        case Op::AddRmsNorm: {
+            const int n = cols / 2;
+            cuda::Q8Act q8;  // decode: also the norm as the next projection's 8-bit activations
+            if (decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
+                                  rows, n);
+            // whether the norm feeds a q/k/v projection, and whether its q rows are Q4_K (the pipe kernel's:
+            // the launch rule of add_norm_kernel)
+            const bool feeds_qkv = !m.feeds_q.empty();
+            auto wq = feeds_qkv ? weights_.find(m.feeds_q) : weights_.end();
+            const bool q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
+            cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
+                              (const float*)weight(m.weight).p, m.eps, q8, stream_, feeds_qkv, q4k);
+            if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
+            return;
+        }
+        case Op::RopeKvStore: {
+            cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
+                                    m.rope_neox, m.kv_type, m.n_ctx};
+            return cuda::rope_kv_store(sh, at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.in[2]), ld(2),
+                                       (const int32_t*)at(a.in[3]), at(a.out), a.out.ld, raw(a.kv_k), raw(a.kv_v),
+                                       err_dev_, stream_);
+        }
+        case Op::Attn: {
+            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
+            const size_t need = attention_scratch_floats(s);
+            float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
+            cuda::Q8Act q8;  // decode with a combine step: also the output as the O projection's 8-bit activations
+            if (decode_q8_ && rows <= kMatvecMaxRows && cols % 64 == 0 && m.head_dim % 32 == 0 &&
+                cuda::attention_splits(s) > 1)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, cols) + 3) / 4),
+                                  rows, cols);
+            cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v), at(a.out),
+                            a.out.ld, sc, err_dev_, q8, stream_);
+            if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+            return;
+        }
+        case Op::Add: case Op::Mul: case Op::SwiGLU:
+            return cuda::elementwise(node.op == Op::Add ? Ew::Add : node.op == Op::Mul ? Ew::Mul : Ew::SwiGLU,
+                                     at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, cols, stream_);
+        case Op::Silu:
+            return cuda::elementwise(Ew::Silu, at(a.in[0]), ld(0), nullptr, 0, at(a.out), a.out.ld, rows, cols, stream_);
+        default:
+            throw MinferError(strfmt("CUDA backend cannot execute node '%s' (op %s)", node.name.c_str(), op_name(node.op)));
+    }
+}
+
+}  // namespace minfer::cuda_host
