@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
-# A/B of one lever in one call, as CUDA_NOTES' e2e rows are measured: decode-only bench_cuda.py runs that
-# alternate the lever's values, for some rounds, and the chained-decode lines of each.  Needs the extension
-# built (benchmarks/run_cuda.sh does it) and on PYTHONPATH.  With VAR "-" each value is a set of VAR=value
-# settings joined by commas ("none" for none): levers that only make sense together.
-#   benchmarks/ab_cuda.sh MINFER_CUDA_MV_STREAM "0 auto" [rounds=2] [models=7b,1.5b]
-#   benchmarks/ab_cuda.sh - "none MINFER_CUDA_NORM_PDL=release,MINFER_CUDA_MV_SPREAD=0" 2 7b
+# A/B of two trees (or two settings) in one device call: decode-only bench_cuda.py runs that alternate the
+# values of VAR, for some rounds, and the decode lines of each.  Needs the extensions built and on the paths
+# given.  With VAR "-" each value is a set of VAR=value settings joined by commas ("none" for none).
+#   benchmarks/ab_cuda.sh PYTHONPATH "$PWD/.old_tree/python $PWD/python" [rounds=2] [models=7b,1.5b]
+#   benchmarks/ab_cuda.sh MINFER_CUDA_GRAPHS "0 1" 2 7b
 set -uo pipefail
 cd "$(dirname "$0")/.."
 var=$1; values=$2; rounds=${3:-2}; models=${4:-7b,1.5b}

@@ -1,4 +1,4 @@
-"""Per-kernel GPU time of one decode step (how run 19 of CUDA_NOTES.md was measured).
+"""Per-kernel GPU time of one decode step.
 
     MINFER_SHARED=... python benchmarks/profile_cuda.py [--layout 0.5b] [--depth 512]
     python benchmarks/profile_cuda.py --summarize ncu.csv      # a CSV saved earlier

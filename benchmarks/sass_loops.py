@@ -2,8 +2,8 @@
 
 Compiles one .cu file to a cubin (nvcc -cubin -Xptxas -v), disassembles it with cuobjdump, and prints per
 kernel its registers and spills (ptxas) and, for every backward branch, the instructions of the loop it
-closes, by opcode.  This is how CUDA_NOTES run 120-123 counted a Q6_K chunk's cost (253 -> 172 instructions)
-on the 2-core VM before spending GPU time.  cuobjdump is not in the toolkit's nvcc-only install; it comes
+closes, by opcode: a kernel's cost in instructions, counted on a machine without a GPU before spending GPU
+time.  cuobjdump is not in the toolkit's nvcc-only install; it comes
 from PyPI: `pip download --no-deps nvidia-cuda-cuobjdump` and unzip the wheel (bin/cuobjdump).
 
     python benchmarks/sass_loops.py csrc/backends/cuda/matvec_q8.cu --kernel block_kernelILi14 --min 60

@@ -98,7 +98,7 @@ def check_against_float64(rng, wtype, n, k, rows, path):
                                        ("q8_0", 1000, 4864), ("q4_0", 8, 3584)])
 def test_one_row_matvec_kernels(rng, force, kernel, wtype, n, k):
     """Both kernels for one activation row (8 rows a block with K split over its warps, and a warp
-    per row), forced by the lever whatever the row length, on row counts that leave a block part
+    per row), forced by the kernel choice whatever the row length, on row counts that leave a block part
     empty and rows shorter than the block's 32 lanes slots."""
     force("cuda.matvec", kernel)
     check_against_float64(rng, wtype, n, k, 1, "q8")
@@ -183,7 +183,7 @@ def test_q6k_block_builds(rng, force, n, k):
 
 
 def block_kernel_case(rng, force, wtype, n, k):
-    """Random rows of a type and one x row, the lever set to the block kernel's family (block, pipe: not the
+    """Random rows of a type and one x row, the kernel choices set to the block kernel's family (block, pipe: not the
     warp or the stream kernel), and its result: (type, w, x, y)."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((1, k)).astype(np.float32)
@@ -200,7 +200,7 @@ def test_spread_matvec(rng, force, wtype, n, k, spreads):
     rows past 2048) deals its rows evenly to whole waves of blocks (1-8 a block: 300 rows one a block, 1001 one or
     two, 3584 six or seven; 8000 rows, more than a wave of 8 a block, over two waves) and gives the
     8-rows-a-block launch's bits, under auto (the default), 1 and only; =only shows it ran, and raises for the
-    pipe kernel (Q4_K rows of 3584: no spread build) and the rolled Q6_K build; a bad value is an error."""
+    pipe kernel (Q4_K rows of 3584: no spread build) and the rolled Q6_K build."""
     t, w, x, base = block_kernel_case(rng, force, wtype, n, k)
     force("cuda.matvec_spread", "only")
     if spreads:
@@ -214,7 +214,7 @@ def test_spread_matvec(rng, force, wtype, n, k, spreads):
 
 
 def test_spread_not_on_fused_parts(q15, rng, force):
-    """The pipe kernel has no spread build (spreading its whole-row build lost 7 % on the 7B, CUDA_NOTES run 137):
+    """The pipe kernel has no spread build (spreading its whole-row build measured slower):
     the 1.5B's launches of several parts -- q, k and v (Q4_K, Q4_K, Q6_K) and gate and up with SwiGLU -- in its
     whole-row build raise under cuda.matvec_spread=only, and give the same bits under 1 as under 0."""
     m, s = q15
@@ -236,7 +236,7 @@ def test_spread_decode_is_bit_exact(rng, force):
     """The 1.5B layout decodes to the same logits with cuda.matvec_spread=1 as with 0: its downs (Q4_K and
     Q6_K rows of 8960, the block kernel unrolled by two, 192 blocks of 8 rows where a wave holds 4 an SM; auto
     leaves them, under half a wave) are spread, graph replays included.  (=only raises in the same decode: its
-    launches read the lever, and its other matvecs have no spread build.)"""
+    launches read the forced choice, and its other matvecs have no spread build.)"""
     model = M.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
     force("cuda.matvec_spread", "0")
@@ -259,7 +259,7 @@ def test_stream_matvec(rng, force, wtype, n, k):
     so every block walks several) with one chunk a lane, or two of Q6_K (the 36000 x 3584 case);
     cuda.matvec_stream=only forces it on long rows (a lane walks 9-10 chunks), two chunks a lane, short rows and
     a last group of 3-7 rows, and raises where it cannot run, so each case shows it ran.  Within the float64
-    bound; bad lever values are errors."""
+    bound."""
     t, w, x, block = block_kernel_case(rng, force, wtype, n, k)
     force("cuda.matvec_stream", "auto")
     assert np.array_equal(M.cuda_matmul(t, w, x, n, path="q8")[0], block)
@@ -281,9 +281,9 @@ def test_stream_matvec_only_raises_where_it_cannot_run(q15, force):
         M.Session(m, threads=2, n_ctx=64, device="cuda").eval(np.array([1], np.int32), 0)
 
 
-def test_decode_path_lever(rng, force):
+def test_decode_activations_choice(rng, force):
     """auto takes the 8-bit-activation matvec (it computes differently from the f32 one);
-    cuda.decode_activations=f32 switches back; a bad value is an error."""
+    cuda.decode_activations=f32 switches back."""
     t, w = random_weight("q4_k", 64, 512, rng)
     x = rng.standard_normal((1, 512)).astype(np.float32)
     q8 = M.cuda_matmul(t, w, x, 64)[0]
@@ -600,7 +600,7 @@ def test_qkv_rope_decode_is_bit_exact(rng, force, layout):
     assert np.array_equal(fused, unfused)
 
 
-def test_norm_pdl_lever(q15, rng, force):
+def test_norm_pdl_choice(q15, rng, force):
     """When decode's add + norm lets the next kernel launch (cuda.norm_pdl: as it starts, or once its own wait
     is over; before the q/k/v projection, the FFN or both) changes when kernels start, not what they compute: the
     same bits, the 8-bit activations included, for the norm and the projection after it.  (A hand-built graph

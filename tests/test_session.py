@@ -1,5 +1,5 @@
 """The session: graph reuse, the context limit, bad input, plan inspection,
-fusion, KV cache types, and the trace/profile levers."""
+fusion, KV cache types, and the trace/profile settings."""
 import os
 import subprocess
 import sys

@@ -20,8 +20,7 @@ namespace {
 // MINFER_HUGEPAGES=1: the file's bytes are copied into anonymous memory the kernel is asked to back with 2 MB
 // pages (MADV_HUGEPAGE; transparent huge pages in "madvise" or "always" mode) instead of being mapped from the
 // page cache in 4 KB pages.  Decode streams every weight once a token, and with 4 KB pages each page is a TLB
-// walk and a stop for the hardware prefetcher: the 1.5B decodes ~9 % faster from 2 MB pages on the
-// development machine (benchmarks/RESULTS.md).  The price: a copy at load (a second resident copy while the
+// walk and a stop for the hardware prefetcher, so CPU decode runs faster from 2 MB pages.  The price: a copy at load (a second resident copy while the
 // page cache keeps the file) and its time.  Where the kernel gives no huge pages the copy still works.
 bool huge_pages_requested() { return setting_bool("MINFER_HUGEPAGES"); }
 
@@ -31,8 +30,7 @@ constexpr size_t kHugePage = size_t(2) << 20;
 // with one huge-page table entry), with MADV_HUGEPAGE.  Where the page cache holds the file in 2 MB folios
 // -- Linux 6.x reads files on ext4 / xfs cold into large folios, up to 2 MB ones (measured: 438 of 480 MB of
 // a model read cold) -- the kernel maps each 2 MB with one entry: one TLB entry instead of 512 and no prefetcher stop
-// every 4 KB, the huge-page copy's gain without a copy (1.5B decode 20.8 -> 25.1 tok/s on the development
-// machine).  Where the cache holds 4 KB pages (e.g. a file just written), it maps those as before.
+// every 4 KB, the huge-page copy's gain without a copy.  Where the cache holds 4 KB pages (e.g. a file just written), it maps those as before.
 void* map_aligned(int fd, size_t size) {
     const size_t span = size + kHugePage;
     void* r = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);

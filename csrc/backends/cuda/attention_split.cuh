@@ -138,7 +138,7 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         float acc = 0.0f;
         // 32 splits' loads in flight (all of them up to 4096 positions), then added in split order: one round
-        // trip where the loop of dependent adds made one per split (CUDA_NOTES runs 97-98)
+        // trip where the loop of dependent adds made one per split
         for (int z0 = 0; z0 < live; z0 += 32) {
             float v[32];
 #pragma unroll

@@ -87,7 +87,7 @@ __device__ __forceinline__ void pdl_start() {
 // kernel only once the kernels before it -- the previous step's, whose argmax writes this step's token and
 // position in a device chain -- have completed.  With release first, the step's early kernels could be
 // resident, and read the position before their waits (RoPE, attention), while the previous argmax still ran:
-// the tiny layouts' chained tokens went wrong at the third step (CUDA_NOTES run 107).
+// chained greedy tokens went wrong at the third step.
 __device__ __forceinline__ void pdl_wait_then_release() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

@@ -33,8 +33,8 @@ constexpr int kChainSteps = 256;
 constexpr double kSpinS = 0.05;
 
 // Polls event ev until it completes (cudaSuccess), fails (that CUDA error) or timeout_s pass (cudaErrorNotReady).
-// Spin first: a decode step is 0.5-5 ms and a sleep wakes ~100 us late (that was 6 % of the 7B's step when the
-// spin ended at 2 ms); long waits (prefill, a hung device) sleep between polls.
+// Spin first: a decode step is 0.5-5 ms and a sleep wakes ~100 us late (a measurable share of a
+// large model's step when the spin ended at 2 ms); long waits (prefill, a hung device) sleep between polls.
 inline cudaError_t wait_event(cudaEvent_t ev, double timeout_s) {
     const auto t0 = std::chrono::steady_clock::now();
     for (;;) {

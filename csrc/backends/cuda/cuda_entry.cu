@@ -9,8 +9,8 @@ using namespace cuda_host;
 namespace {
 // The kernel entry points below (cuda_matmul, cuda_copy_bandwidth) wait as the backend does: by polling an
 // event, bounded by MINFER_GPU_TIMEOUT_S.  A wait that times out marks the call hung, and its device memory is
-// then left allocated rather than freed (cudaFree would wait for the hung kernel; H200 run 135 lost 9.5 minutes
-// to a hung test kernel behind a plain cudaDeviceSynchronize).
+// then left allocated rather than freed (cudaFree would wait for the hung kernel, and an unbounded
+// cudaDeviceSynchronize would wait for ever).
 struct Waits {
     double timeout_s = gpu_timeout_s();
     bool hung = false;

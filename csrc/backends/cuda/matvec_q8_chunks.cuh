@@ -57,8 +57,8 @@ __device__ __forceinline__ float q4k_dot(const Q4kChunk& w, int c, const int8_t*
         s0 = dp4a(int(q[i] & 0x0f0f0f0fu), x_lo[i], s0);
         s1 = dp4a_us(q[i] & 0xf0f0f0f0u, x_hi[i], s1);
     }
-    // the 6-bit scales and mins of sub-blocks j and j + 1 (j even), without a branch (run 64: Q4_K
-    // 3584 x 18944 from DRAM 15.2 -> 14.5 us, 18944 x 3584 14.9 -> 14.4)
+    // the 6-bit scales and mins of sub-blocks j and j + 1 (j even), without a branch (a branch
+    // serialized the lanes of the two halves)
     uint32_t scw, mnw;
     k_scale_min_words(w.hdr.y, w.hdr.z, w.hdr.w, j < 4, scw, mnw);
     const int sh = 8 * (j % 4);
@@ -92,9 +92,8 @@ __device__ __forceinline__ uint32_t minus32_bytes(uint32_t q) { return ((q | 0x8
 
 // Or q left as it is: sum(q x) + sum(-32 x), the second a dp4a of x with -32 in every byte -- the same integer
 // (no sum overflows), so the same bits, in 1 instruction per 4 values instead of 3.  Taken where a lane's loop
-// is unrolled by two (the 7B's Q6_K down, on the packed layout: 22.0 -> 20.5 us from DRAM, CUDA_NOTES run 120);
-// the builds at the 40-register cap keep the byte-wise subtract (runs 120, 123: there it spills, and moved the
-// vocabularies both ways).
+// is unrolled by two (long Q6_K rows measured faster); the builds at the 40-register cap keep the byte-wise
+// subtract (there the extra register spills).
 constexpr int kMinus32 = int(0xe0e0e0e0u);
 
 // Four bits of qh (values 4w..4w+3) moved to bit 4 of each byte (Q5_0's fifth bit).
@@ -244,8 +243,8 @@ template <> struct Stream<GGML_TYPE_Q6_K> {
         uint32_t sc, d;
     };
     // byte offsets in the super-block and the first sub-block j = 2g, as in q6k_at, whose arithmetic this
-    // repeats: computing q6k_at from a shared helper changed the SASS of 12 of the 25 matvec kernels (the 7B's
-    // Q6_K builds among them), which could not be re-timed, so the two stay apart -- change both together
+    // repeats: computing q6k_at from a shared helper changed the SASS of half the matvec kernels (the Q6_K
+    // builds among them), so the two stay apart -- change both together
     struct Lane { int ql, qh, sc, d, j; };
     static __device__ __forceinline__ Lane lane(int c0) {
         const int pre = q6k_pre(c0 / 4), g = c0 % 4;

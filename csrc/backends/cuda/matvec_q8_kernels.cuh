@@ -22,7 +22,7 @@ __global__ void quantize_x_kernel(const float* __restrict__ x, int64_t ldx, int6
 // walked from one block pointer with the lane's offsets: the Q6_K rows of the kernels built for several types at
 // the 40-register cap -- the pipe kernel (the V rows of some layers' QKV) and the warp kernel's mixed-type build
 // -- where chunk_dot's per-chunk addresses spilled, the sums of the other types' loops among them (the pipe
-// kernel's one-chunk-ahead build: 28 bytes, in the 1.5B's QKV and gate/up: CUDA_NOTES run 140).  The same sums
+// kernel's one-chunk-ahead build spilled 28 bytes).  The same sums
 // in the same order as lane_chunks and row_dots.
 __device__ __forceinline__ float q6k_lane_walk(const uint8_t* __restrict__ row, const XQ& x, int c, int step) {
     using S = Stream<GGML_TYPE_Q6_K>;
@@ -74,8 +74,8 @@ __device__ __forceinline__ void row_dots_t(uint32_t type, const uint8_t* row, co
 
 // One warp per weight row (gate and up rows together with swiglu), kMatvecWarps rows per block.  Built for
 // one activation row with at most 40 registers, so that six blocks (48 warps) fit per SM: occupancy is what
-// this latency-bound loop pays for (CUDA_NOTES runs 32, 36).  Built per weight type T for one row: the build
-// with every type behind a switch spills 80 bytes at 40 registers since Q6_K's chunk changed (runs 72-73);
+// this latency-bound loop pays for.  Built per weight type T for one row: the build with every type behind a
+// switch spills 80 bytes at 40 registers;
 // kAnyType for several activation rows, or parts of mixed types.
 template <int T, int NR>
 __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_kernel(MatvecArgs a, XQ x) {
@@ -101,12 +101,12 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, NR == 1 ? 6 : 4) matvec_q8_
 // swiglu: 4 gate rows and the same outputs' 4 up rows) and its 8 warps split K between them.  In a warp, four
 // lanes take four consecutive chunks of one row (a Q4_K/Q6_K super-block, four Q8_0 blocks), the warp's 8
 // rows side by side, so a warp's x load is 4 distinct chunks broadcast to 8 rows; one warp per row made every
-// lane load its own 64 bytes of x, and those L1 wavefronts, not DRAM, capped it (CUDA_NOTES run 40: Q4_K
-// 3584 x 18944 at 2.24 TB/s, this layout 2.56; the shape's plain streaming read 3.15).  Same 40 registers.
+// lane load its own 64 bytes of x, and those L1 wavefronts, not DRAM, capped it.  Same 40
+// registers.
 // The kernel is built per weight type (T; kAnyType switches per row, for launches whose parts differ in type):
-// the switching build ran Q6_K at 1.46 TB/s, its own build at 1.89 (run 42).  U = 2 unrolls a lane's loop
+// the switching build ran Q6_K a quarter slower than its own build.  U = 2 unrolls a lane's loop
 // by two (two chunks' loads in flight, 64 registers, four blocks per SM): for long rows, where a lane walks
-// >= 4 chunks (Q4_K 3584 x 18944: 2.09 -> 2.37 TB/s; 3584-long rows lose 5-15 %), and Q6_K rows where a lane
+// >= 4 chunks (rows of ~3584 values lost with it), and Q6_K rows where a lane
 // has a second chunk (q6k_unrolled).  U = 1 keeps Q6_K's loop rolled (unrolled by the compiler it spills at 40
 // registers); U = 0 leaves the compiler's choice.
 constexpr int kBlockRows = 8, kLanesPerRow = 4;
@@ -305,14 +305,14 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
 // The block kernel's layout for Q4_K rows with x in shared memory and each lane's weights loaded one chunk
 // ahead into registers.  Under ncu the block kernel kept its schedulers issuing half the cycles and stalled
 // mostly on long scoreboards: a lane loaded a chunk, waited a DRAM round trip, then spent ~100 instructions
-// on it before it asked for the next (CUDA_NOTES run 86).  Here a lane asks for chunk i + 1 before it
+// on it before it asked for the next.  Here a lane asks for chunk i + 1 before it
 // computes chunk i, and its first chunk before the PDL wait (the weights are no kernel's output: those
 // loads overlap the kernel before).  x comes from shared memory, copied once a block after the wait, so its
 // 20 registers a chunk are not held across the loads.  Lane mapping: k = lane / 8 (the chunk of four), r =
 // lane % 8 (the row), so the eight lanes of a shared-memory phase read one address.  Each lane adds the same
 // chunks in the same order as the block kernel, and the four lanes of a row and the warps are summed in the
 // same order: the same bits.  AHEAD = 2 loads two chunks ahead (both before the wait), at 64 registers (4 blocks
-// an SM, not 6): for one-wave launches whose lanes walk more than two chunks (the 0.5B's down, K = 4864).
+// an SM, not 6): for one-wave launches whose lanes walk more than two chunks (e.g. K = 4864).
 // ROPE: FusedQkvRope's launch (rope_block_row's rows, store_rope_rows' end); the angles are computed before the
 // wait (the position is the step's input: no kernel of the step writes it).
 // AHEAD = kWholeRow: for rows of 33-64 chunks (2048 < K <= 4096), where a lane has at most two, both are loaded
@@ -338,7 +338,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;
     int c = k + kLanesPerRow * warp;
     const uint8_t* w = nullptr;
-    bool q4k = false;  // else a Q6_K part (the 7B's V rows in some layers' QKV): walked as the block kernel does
+    bool q4k = false;  // else a Q6_K part (Q6_K V rows in a Q4_K QKV): walked as the block kernel does
     Q4kChunk cur{}, nxt{};
     if (row.live) {
         const MatvecPart& A = a.part[a.swiglu ? r / half : row.p];

@@ -39,7 +39,7 @@ __device__ __forceinline__ int byte_at(const uint32_t* w, int i) { return int((w
 // Q4_K/Q5_K: the four 6-bit scales (scw) and mins (mnw) of one half of a super-block (sub-blocks 0-3 if
 // lower, 4-7 if not), one per byte, from the scale words s0 s1 s2 -- whole words and no branch: the lanes
 // of a warp hold sub-blocks of both halves, and a branch ran the two unpackings one after the other
-// (CUDA_NOTES run 64).  Sub-block j's are bytes j % 4.
+// serially.  Sub-block j's are bytes j % 4.
 __device__ __forceinline__ void k_scale_min_words(uint32_t s0, uint32_t s1, uint32_t s2, bool lower, uint32_t& scw,
                                                   uint32_t& mnw) {
     const uint32_t lo6 = 0x3f3f3f3fu, lo4 = 0x0f0f0f0fu, top2 = 0x03030303u;
