@@ -89,6 +89,20 @@ def test_corrupt_cache_is_refetched_never_used(tmp_path, setting):
         hub.fetch("smollm2-135m")
 
 
+def test_chat_without_a_prompt_starts_from_stdin():
+    """--chat with no prompt takes its first turn from stdin (not the default completion prompt): one JSON
+    result a stdin line, and the first one answers that line."""
+    import json
+
+    path = real_model("smollm2-135m")
+    r = subprocess.run([sys.executable, "-m", "minfer.generate", "-m", str(path), "--chat", "--json", "-n", "2", "-t", "2"],
+                       input="Name a colour.\nAnd another?\n", capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(line) for line in r.stdout.splitlines()]
+    assert len(results) == 2, r.stdout
+    assert results[1]["metrics"]["prompt_tokens"] > results[0]["metrics"]["prompt_tokens"]
+
+
 def test_generate_cli_json():
     import json
 

@@ -9,8 +9,9 @@
 qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b, smollm2-135m.  Greedy unless
 --temp > 0.  Generation stops at the model's end-of-generation tokens, a --stop
 string, or after -n tokens.  Text streams to stdout; metrics go to stderr.
-With --chat, every further line on stdin is another user turn (the KV cache of
-the conversation so far is reused).
+With --chat, every line on stdin is another user turn, the first one too when no
+prompt is given (the KV cache of the conversation so far is reused); an empty
+line or EOF ends it.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ from .tokenizer import TokenizerError
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minfer.generate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("prompt", nargs="?", default=None, help='the prompt (default: "The capital of France is")')
+    ap.add_argument("prompt", nargs="?", default=None,
+                    help='the prompt (default: "The capital of France is"; with --chat, the first line of stdin)')
     ap.add_argument("--prompt", "-p", dest="prompt_opt", default=None, metavar="PROMPT", help="the prompt, as an option")
     ap.add_argument("--model", "-m", default=hub.DEFAULT_MODEL, help="GGUF path or model name (default: %(default)s)")
     ap.add_argument("-n", "--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
@@ -55,7 +57,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.prompt is not None and a.prompt_opt is not None:
         ap.error("give the prompt once: positionally or with --prompt")
-    a.prompt = a.prompt if a.prompt is not None else a.prompt_opt if a.prompt_opt is not None else "The capital of France is"
+    a.prompt = a.prompt if a.prompt is not None else a.prompt_opt
+    if a.prompt is None and not a.chat:
+        a.prompt = "The capital of France is"
     if a.verbose:
         logging.basicConfig(level=logging.DEBUG, format="[%(name)s] %(message)s")
     sampling = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
@@ -65,7 +69,7 @@ def main(argv=None) -> int:
             hub.fetch(a.model, quiet=a.json)  # a progress bar while it downloads
         llm = LLM(a.model, n_ctx=a.ctx or None, threads=a.threads or None, backend=a.backend, kv_type=a.kv_type)
         messages = [{"role": "system", "content": a.system}] if a.system else []
-        turn = a.prompt
+        turn = a.prompt if a.prompt is not None else read_turn()
         while turn is not None:
             if a.chat:
                 messages.append({"role": "user", "content": turn})
@@ -88,17 +92,22 @@ def main(argv=None) -> int:
             turn = None
             if a.chat:
                 messages.append({"role": "assistant", "content": "".join(text)})
-                if sys.stdin.isatty():
-                    sys.stderr.write("> ")
-                    sys.stderr.flush()
-                line = sys.stdin.readline()
-                turn = line.rstrip("\n") if line and line.strip() else None
+                turn = read_turn()
     except KeyboardInterrupt:
         return 130
     except (OSError, ValueError, MinferError, TokenizerError, TemplateError, FetchError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
+
+
+def read_turn() -> str | None:
+    """The next user turn from stdin, or None at EOF or an empty line."""
+    if sys.stdin.isatty():
+        sys.stderr.write("> ")
+        sys.stderr.flush()
+    line = sys.stdin.readline()
+    return line.rstrip("\n") if line and line.strip() else None
 
 
 def report(llm) -> None:
