@@ -703,6 +703,9 @@ def test_decode_fusions(q05_model, name, rng, force):
     assert ops.count("FusedFFN") == n_layer
     assert "KvStore" not in ops and "Rope" not in ops and "QkNorm" not in ops and "Add" not in ops
     assert ops.count("AddRmsNorm") == 2 * n_layer and ops.count("RmsNorm") == 1  # the first attn_norm
+    # the fusion pass tells each add + norm before a layer's q/k/v projection which q weight it feeds
+    feeds = [n.get("feeds_q") for n in s.plan(1).nodes if n["op"] == "AddRmsNorm"]
+    assert [f for f in feeds if f] == [f"blk.{i}.attn_q.weight" for i in range(1, n_layer)], feeds
     prompt = rng.integers(0, 151936, size=5).astype(np.int32)
     fused, _ = forward(model, "cuda", prompt, 4)
     unfused, _ = forward(model, "cuda", prompt, 4, fuse=False)

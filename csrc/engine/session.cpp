@@ -1,175 +1,40 @@
 #include "engine/session.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 
-#include "backends/cpu/cpu_backend.h"
-#include "backends/cuda/cuda_api.h"
-#include "backends/metal/metal_api.h"
-#include "backends/reference/reference_backend.h"
 #include "common/error.h"
-#include "common/settings.h"
-#include "backends/kv_format.h"
 #include "models/decoder.h"
-#include "runtime/memory.h"
 
 namespace minfer {
 
 namespace {
 constexpr size_t kMaxPlans = 4;  // a prompt plan, the decode plan, and a couple of others
-
-Isa parse_isa(const std::string& s) {
-    if (s.empty()) return default_isa();
-    for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512, Isa::neon})
-        if (s == isa_name(isa)) return isa;
-    throw MinferError(strfmt("unknown ISA '%s' (scalar, avx2, avx512, neon)", s.c_str()));
-}
 }  // namespace
 
-std::shared_ptr<Model> Model::load(const std::string& path) {
-    std::shared_ptr<Model> m(new Model());
-    m->gguf_ = GGUF::open(path);
-    m->weights_ = std::make_unique<WeightStore>(m->gguf_);
-    m->config_ = ModelConfig::from_gguf(*m->weights_);
-    return m;
-}
+Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : sched_(std::move(model), std::move(opts)) {}
 
-Session::Session(std::shared_ptr<Model> model, SessionOptions opts) : model_(std::move(model)), opts_(std::move(opts)) {
-    const ModelConfig& c = model_->config();
-    if (opts_.n_ctx < 0) throw MinferError(strfmt("n_ctx must be positive, got %d", opts_.n_ctx));
-    if (opts_.n_ctx == 0) opts_.n_ctx = std::min(c.n_ctx_train, SessionOptions::kDefaultCtxCap);
-    if (opts_.n_ctx > c.n_ctx_train)
-        throw MinferError(strfmt("n_ctx %d is larger than the model's context length %d", opts_.n_ctx, c.n_ctx_train));
-    if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
-        throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
-    if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
-    size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) *
-                      kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
-    const std::string kv_what =
-        strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer);
-
-    // Which device: CUDA when asked for (an error if it cannot be had) or when
-    // "auto" finds one and every weight type has CUDA kernels (the gate).
-    std::string dev = opts_.device;
-    if (dev.empty()) dev = setting_text("MINFER_DEVICE");
-    if (dev != "auto" && dev != "cpu" && dev != "cuda" && dev != "metal")
-        throw MinferError(strfmt("device must be 'auto', 'cpu', 'cuda' or 'metal', got '%s'", dev.c_str()));
-    bool use_metal = false, use_cuda = false;
-    if (dev == "metal" || dev == "auto") {
-        MetalDeviceInfo info = metal_device_info();
-        if (dev == "metal" && !info.available) throw MinferError("device='metal': " + info.reason);
-        if (info.built && !info.available && dev == "auto")
-            std::fprintf(stderr, "minfer: Metal is not usable (%s); running without it\n", info.reason.c_str());
-        use_metal = info.available;
-    }
-    if (dev == "cuda" || (dev == "auto" && !use_metal)) {
-        CudaDeviceInfo info = cuda_device_info();
-        std::vector<std::string> missing = info.available ? cuda_unsupported_weights(model_->weights())
-                                                          : std::vector<std::string>{};
-        if (dev == "cuda" && !info.available) throw MinferError("device='cuda': " + info.reason);
-        if (!missing.empty()) {
-            std::string list;
-            for (size_t i = 0; i < missing.size() && i < 4; i++) list += (i ? ", " : "") + missing[i];
-            if (dev == "cuda")
-                throw ModelError(strfmt("device='cuda': %zu weights have types without CUDA kernels: %s", missing.size(),
-                                        list.c_str()));
-            std::fprintf(stderr, "minfer: running on the CPU: %zu weights have types without CUDA kernels (%s)\n",
-                         missing.size(), list.c_str());
-        }
-        use_cuda = info.available && missing.empty();
-    }
-    device_ = use_metal ? "metal" : use_cuda ? "cuda" : "cpu";
-    // Refuse a KV cache that cannot fit now, not when the OOM killer notices
-    // (on the GPU, the CUDA backend checks weights + KV against free device memory).
-    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
-    pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
-    kv_.type = opts_.kv_type;
-    kv_.n_ctx = opts_.n_ctx;
-
-    // Backends in priority order (Metal, CUDA when used, then CPU); the reference
-    // backend is always there for forced assignments ("only:reference", tests)
-    // and never chosen on its own.
-    if (use_metal) {
-        backends_.push_back(make_metal_backend(&model_->weights()));
-        slots_.push_back({backends_.back().get(), true, true});
-    }
-    if (use_cuda) {
-        backends_.push_back(make_cuda_backend(&model_->weights(), kv_bytes));
-        slots_.push_back({backends_.back().get(), true, true});
-    }
-    backends_.push_back(std::make_unique<CpuBackend>(&model_->weights(), pool_, parse_isa(opts_.isa)));
-    slots_.push_back({backends_.back().get(), true, true});
-    backends_.push_back(std::make_unique<ReferenceBackend>(&model_->weights()));
-    slots_.push_back({backends_.back().get(), true, false});
-    trace_ = setting_bool("MINFER_GRAPH_TRACE");
-    profile_on_ = setting_bool("MINFER_OP_PROFILE");
-}
-
-Session::~Session() {
-    plans_.clear();
-    if (profile_on_) {
-        std::fprintf(stderr, "minfer op profile (seconds, calls):\n");
-        for (size_t i = 0; i < size_t(Op::Count); i++)
-            if (profile_.calls[i])
-                std::fprintf(stderr, "  %-13s %9.4f %8lld\n", op_name(Op(i)), profile_.seconds[i], (long long)profile_.calls[i]);
-    }
-}
-
-std::vector<std::string> Session::backend_names() const {
-    std::vector<std::string> out;
-    for (auto& b : backends_) out.push_back(b->name());
-    return out;
-}
+Session::~Session() { plans_.clear(); }
 
 Plan& Session::plan(int n_tokens, bool all_logits) {
-    GraphParams p;
-    p.n_tokens = n_tokens;
-    p.all_logits = all_logits && n_tokens > 1;
-    p.fuse = opts_.fuse;
-    p.kv_type = opts_.kv_type;
-    p.n_ctx = opts_.n_ctx;
-    p.assignment = opts_.assignment;
+    const GraphParams p = sched_.step_params(n_tokens, all_logits);
     for (auto it = plans_.begin(); it != plans_.end(); ++it)
         if (it->first == p) {
             plans_.splice(plans_.begin(), plans_, it);  // most recently used first
             return *plans_.front().second;
         }
     if (plans_.size() >= kMaxPlans) plans_.pop_back();
-    auto plan = std::make_unique<Plan>(build_decoder_graph(model_->config(), p), slots_, kv_, opts_.keep_all);
+    plans_.emplace_front(p, sched_.schedule(build_decoder_graph(sched_.model().config(), p)));
     graph_builds_++;
-    if (trace_) std::fprintf(stderr, "%s", plan->trace().c_str());
-    plans_.emplace_front(p, std::move(plan));
     return *plans_.front().second;
 }
 
-std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) {
-    return std::make_unique<Plan>(std::move(graph), slots_, kv, true);
-}
-
-Plan& Session::run_inputs(const int32_t* tokens, int n, int start_pos, bool all_logits) {
-    const ModelConfig& c = model_->config();
-    if (n <= 0) throw MinferError("eval: no tokens (an empty prompt)");
-    if (start_pos < 0) throw MinferError(strfmt("eval: negative start position %d", start_pos));
-    if (int64_t(start_pos) + n > opts_.n_ctx)
-        throw MinferError(strfmt("eval: %d tokens at position %d exceed the context of %d tokens", n, start_pos, opts_.n_ctx));
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c.n_vocab)
-            throw MinferError(strfmt("eval: token id %d at index %d is out of range [0, %d)", tokens[i], i, c.n_vocab));
-    // A safe point: a weights file changed by another process is an error here,
-    // before any of its pages is read again (see MappedFile::check_unchanged).
-    for (const auto& f : model_->gguf().files()) f->check_unchanged();
-    Plan& pl = plan(n, all_logits);
-    std::vector<int32_t> pos((size_t)(n));
-    for (int i = 0; i < n; i++) pos[size_t(i)] = start_pos + i;
-    pl.write_input(InputKind::Tokens, tokens, n);
-    pl.write_input(InputKind::Positions, pos.data(), n);
-    return pl;
-}
+std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) { return sched_.schedule(std::move(graph), &kv, true); }
 
 Plan& Session::run_step(const int32_t* tokens, int n, int start_pos, bool all_logits, bool sync) {
-    Plan& pl = run_inputs(tokens, n, start_pos, all_logits);
-    pl.execute(profile_on_ ? &profile_ : nullptr, sync);
+    sched_.check_step(tokens, n, start_pos);  // before a plan is built for a bad step
+    Plan& pl = plan(n, all_logits);
+    sched_.write_step(pl, tokens, n, start_pos);
+    sched_.run(pl, sync);
     return pl;
 }
 
@@ -180,28 +45,16 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     std::memcpy(out, logits.data(), size_t(o.rows) * size_t(o.cols) * sizeof(float));
 }
 
-void Session::decode_greedy(int token, int start_pos, int steps, int32_t* out) {
-    if (steps <= 0) throw MinferError(strfmt("decode_greedy: %d steps (at least one)", steps));
-    if (int64_t(start_pos) + steps > opts_.n_ctx)
-        throw MinferError(strfmt("decode_greedy: %d steps from position %d exceed the context of %d tokens", steps,
-                                 start_pos, opts_.n_ctx));
-    if (!profile_on_) {
-        Plan& pl = run_inputs(&token, 1, start_pos, false);  // validates token and position
-        if (pl.greedy_chain(steps, out)) {
-            chained_steps_ += steps;
-            return;
-        }
-    }
-    for (int i = 0; i < steps; i++) {
-        out[i] = eval_greedy(&token, 1, start_pos + i);
-        token = out[i];
-    }
-}
-
 int Session::eval_greedy(const int32_t* tokens, int n, int start_pos) {
     // The argmax waits for the step itself: no synchronize between them (the output is the last split's).
     Plan& pl = run_step(tokens, n, start_pos, false, false);
     return pl.argmax_last_row(pl.graph().output);
+}
+
+void Session::decode_greedy(int token, int start_pos, int steps, int32_t* out) {
+    if (steps <= 0) throw MinferError(strfmt("decode_greedy: %d steps (at least one)", steps));
+    sched_.check_step(&token, 1, start_pos);
+    sched_.greedy_chain(plan(1, false), token, start_pos, steps, out);
 }
 
 }  // namespace minfer

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "python/bind_engine_util.h"
 #include "python/bindings.h"
 #include "engine/session.h"
 
@@ -14,74 +15,7 @@ namespace minfer {
 
 namespace {
 
-uint32_t kv_type_from(const std::string& s) {
-    if (s == "f16") return GGML_TYPE_F16;
-    if (s == "f32") return GGML_TYPE_F32;
-    if (s == "q8_0") return GGML_TYPE_Q8_0;
-    throw py::value_error("kv_type must be 'f16', 'f32' or 'q8_0', got '" + s + "'");
-}
-
 using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
-
-py::dict node_dict(const Plan& p, const Node& n) {
-    py::dict d;
-    d["name"] = n.name;
-    d["op"] = op_name(n.op);
-    d["backend"] = n.backend;
-    d["rows"] = n.rows;
-    d["cols"] = n.cols;
-    py::list ins;
-    for (const NodeInput& in : n.in) ins.append(py::make_tuple(in.node, in.col, in.cols));
-    d["inputs"] = ins;
-    d["layer"] = n.meta.layer;
-    py::list ws;
-    for (const std::string& w : Graph::weights_of(n)) ws.append(w);
-    d["weights"] = ws;
-    if (!n.meta.feeds_q.empty()) d["feeds_q"] = n.meta.feeds_q;
-    return d;
-}
-
-Op op_from(const std::string& s) {
-    for (size_t i = 0; i < size_t(Op::Count); i++)
-        if (s == op_name(Op(i))) return Op(i);
-    throw py::value_error("unknown op '" + s + "'");
-}
-
-void meta_from(NodeMeta& m, const py::dict& d) {
-    for (auto item : d) {
-        std::string k = py::str(item.first);
-        py::handle v = item.second;
-        if (k == "weight") m.weight = py::str(v);
-        else if (k == "bias") m.bias = py::str(v);
-        else if (k == "wq") m.wq = py::str(v);
-        else if (k == "wk") m.wk = py::str(v);
-        else if (k == "wv") m.wv = py::str(v);
-        else if (k == "bq") m.bq = py::str(v);
-        else if (k == "bk") m.bk = py::str(v);
-        else if (k == "bv") m.bv = py::str(v);
-        else if (k == "q_norm") m.q_norm = py::str(v);
-        else if (k == "k_norm") m.k_norm = py::str(v);
-        else if (k == "w_gate") m.w_gate = py::str(v);
-        else if (k == "w_up") m.w_up = py::str(v);
-        else if (k == "eps") m.eps = v.cast<float>();
-        else if (k == "n_head") m.n_head = v.cast<int>();
-        else if (k == "n_head_kv") m.n_head_kv = v.cast<int>();
-        else if (k == "head_dim") m.head_dim = v.cast<int>();
-        else if (k == "q_cols") m.q_cols = v.cast<int>();
-        else if (k == "k_cols") m.k_cols = v.cast<int>();
-        else if (k == "v_cols") m.v_cols = v.cast<int>();
-        else if (k == "rope_base") m.rope_base = v.cast<float>();
-        else if (k == "rope_dim") m.rope_dim = v.cast<int>();
-        else if (k == "rope_neox") m.rope_neox = v.cast<bool>();
-        else if (k == "attn_scale") m.attn_scale = v.cast<float>();
-        else if (k == "kv_type") m.kv_type = kv_type_from(py::str(v));
-        else if (k == "n_ctx") m.n_ctx = v.cast<int>();
-        else if (k == "src_row") m.src_row = v.cast<int>();
-        else if (k == "layer") m.layer = v.cast<int>();
-        else if (k == "feeds_q") m.feeds_q = py::str(v);
-        else throw py::value_error("unknown node meta key '" + k + "'");
-    }
-}
 
 }  // namespace
 
@@ -116,7 +50,7 @@ void bind_engine(py::module_& m) {
     py::class_<Plan>(m, "Plan")
         .def_property_readonly("nodes", [](const Plan& p) {
             py::list out;
-            for (const Node& n : p.graph().nodes) out.append(node_dict(p, n));
+            for (const Node& n : p.graph().nodes) out.append(node_dict(n));
             return out;
         })
         .def_property_readonly("splits", [](const Plan& p) {
@@ -135,6 +69,13 @@ void bind_engine(py::module_& m) {
         .def_property_readonly("fusions", &Plan::fusions)
         .def_property_readonly("n_tokens", [](const Plan& p) { return p.graph().params.n_tokens; })
         .def("trace", &Plan::trace)
+        .def("write", [](Plan& p, int node, py::array_t<float, py::array::c_style | py::array::forcecast> a) {
+            if (node < 0 || size_t(node) >= p.graph().nodes.size()) throw py::index_error("no such node");
+            const Node& n = p.graph().nodes[size_t(node)];
+            if (n.op != Op::Input || size_t(a.size()) != size_t(n.rows) * size_t(n.cols))
+                throw py::value_error(strfmt("Plan.write: node %d is not an input of %d x %d values", node, n.rows, n.cols));
+            p.write_node(node, a.data(), size_t(a.size()));
+        }, py::arg("node"), py::arg("values"), "writes an input node's values (a hand-built graph's data inputs)")
         .def("read", [](Plan& p, int node) {
             if (node < 0 || size_t(node) >= p.graph().nodes.size()) throw py::index_error("no such node");
             const Node& n = p.graph().nodes[size_t(node)];
@@ -201,6 +142,8 @@ void bind_engine(py::module_& m) {
         .def_property_readonly("chained_steps", &Session::chained_steps)
         .def_property_readonly("backends", &Session::backend_names)
         .def_property_readonly("device", &Session::device)
+        .def_property_readonly("scheduler", &Session::scheduler, py::return_value_policy::reference_internal,
+                               "the Scheduler this session runs its plans on")
         .def("run_ops", [](Session& s, const std::string& backend, const py::list& inputs, const py::list& nodes,
                            bool poison) {
             // A small graph over this model's weights: the inputs become Data nodes
@@ -237,16 +180,7 @@ void bind_engine(py::module_& m) {
                 n.rows = d["rows"].cast<int>();
                 n.cols = d["cols"].cast<int>();
                 n.name = d.contains("name") ? std::string(py::str(d["name"])) : std::string(op_name(n.op));
-                for (py::handle in : py::reinterpret_borrow<py::list>(d["inputs"])) {
-                    if (py::isinstance<py::tuple>(in)) {
-                        auto t = in.cast<std::tuple<int, int, int>>();
-                        n.in.push_back({std::get<0>(t), std::get<1>(t), std::get<2>(t)});
-                    } else {
-                        n.in.push_back({in.cast<int>(), 0, -1});
-                    }
-                    if (n.in.back().node < 0 || size_t(n.in.back().node) >= g.nodes.size())
-                        throw py::value_error("run_ops: a node input must name an earlier node");
-                }
+                n.in = inputs_from(py::reinterpret_borrow<py::list>(d["inputs"]), int(g.nodes.size()));
                 if (d.contains("meta")) meta_from(n.meta, d["meta"]);
                 if (uses_kv(n.op)) {
                     kv_type = int(n.meta.kv_type);
