@@ -1,10 +1,10 @@
 """End-to-end speed: prefill, decode, time to first token, peak memory.
 
     python benchmarks/bench_e2e.py                      # the three real models, 2 threads
-    LLAMA_BENCH=/path/to/llama-bench python benchmarks/bench_e2e.py --reps 3
+    python benchmarks/bench_e2e.py --llama-bench /path/to/llama-bench --reps 3
 
 For each model and repetition, minfer runs in a fresh process (so peak RSS is
-its own) and, when LLAMA_BENCH is set, llama-bench runs on the same file with
+its own) and, with --llama-bench, llama-bench runs on the same file with
 the same threads, prompt length and generation length, alternating with it.
 Prints medians, the spread (min-max), minfer/llama.cpp ratios and the decode
 bandwidth (bytes read per token x tokens/s), and writes --json.
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -117,12 +116,13 @@ def main():
     ap.add_argument("--gen", type=int, default=128)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default="bench_e2e.json")
+    ap.add_argument("--llama-bench", default="", help="llama.cpp's llama-bench, run on the same files for the ratios")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         print(json.dumps(worker(a.worker, a.threads, a.prompt, a.gen)))
         return
-    llama = os.environ.get("LLAMA_BENCH")
+    llama = a.llama_bench
     results = []
     for name in a.models.split(","):
         runs, lruns = [], []
