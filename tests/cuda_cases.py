@@ -1,6 +1,7 @@
-"""What the CUDA tests share: weight rows of each type, the 1.5B layout's fused decode launches, a
-forward pass of several steps, and the layout session fixture's loader."""
+"""What the CUDA tests share: the GPU requirement and the 1.5B layout session (fixtures), weight rows of
+each type, the 1.5B layout's fused decode launches, a forward pass of several steps."""
 import numpy as np
+import pytest
 
 import minfer
 from conftest import layout_model, require_cuda
@@ -32,7 +33,14 @@ def random_weight(name, n, k, rng):
     return t, raw.reshape(n, -1)
 
 
-def layout_1_5b():
+@pytest.fixture(autouse=True)
+def _gpu():
+    """Every CUDA test skips, saying why, where there is no GPU (a module imports this fixture)."""
+    require_cuda()
+
+
+@pytest.fixture(scope="module")
+def q15():
     """The qwen2.5-coder-1.5b layout (hidden 1536, 12 heads / 2 KV heads of 128, ffn 8960, vocab 151936) and a
     CUDA session over it."""
     require_cuda()

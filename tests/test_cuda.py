@@ -20,22 +20,12 @@ import pytest
 import minfer
 from backend_compare import check_elementwise, check_rope, close, run_both
 from conftest import layout_model, nan_logits_model, require_cuda, synthetic_model
-from cuda_cases import M, U, UH, forward, fused_decode_nodes, layout_1_5b, random_weight
+from cuda_cases import M, U, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True)
-def _gpu():
-    require_cuda()
-
-
 # ---- rung 1: the other ops against the reference backend --------------------------------------
-
-@pytest.fixture(scope="module")
-def q15():
-    return layout_1_5b()
-
 
 @pytest.fixture(scope="module")
 def qwen3():

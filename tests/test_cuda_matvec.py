@@ -7,21 +7,11 @@ import numpy as np
 import pytest
 
 import minfer
-from conftest import layout_model, require_cuda
-from cuda_cases import M, U, UH, forward, fused_decode_nodes, layout_1_5b, random_weight
+from conftest import layout_model
+from cuda_cases import M, U, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
 from minfer.quants import dequantize
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _gpu():
-    require_cuda()
-
-
-@pytest.fixture(scope="module")
-def q15():
-    return layout_1_5b()
 
 
 # ---- rung 1: matmul kernels against float64 -----------------------------------------------

@@ -89,15 +89,9 @@ void bind_engine(py::module_& m) {
         .def(py::init([](std::shared_ptr<Model> model, int n_ctx, int threads, const std::string& kv_type,
                          const std::string& isa, const std::string& assignment, bool fuse, bool keep_all,
                          const std::string& device) {
-                 SessionOptions o;
-                 o.n_ctx = n_ctx;
-                 o.n_threads = threads;
-                 o.kv_type = kv_type_from(kv_type);
-                 o.isa = isa;
+                 SessionOptions o = scheduler_options(n_ctx, threads, kv_type, isa, device, fuse);
                  o.assignment = assignment;
-                 o.fuse = fuse;
                  o.keep_all = keep_all;
-                 o.device = device;
                  return std::make_unique<Session>(std::move(model), o);
              }),
              py::arg("model"), py::arg("n_ctx") = 0, py::arg("threads") = 0, py::arg("kv_type") = "f16",

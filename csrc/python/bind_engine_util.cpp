@@ -83,6 +83,18 @@ void meta_from(NodeMeta& m, const py::dict& d) {
     }
 }
 
+SchedulerOptions scheduler_options(int n_ctx, int threads, const std::string& kv_type, const std::string& isa,
+                                   const std::string& device, bool fuse) {
+    SchedulerOptions o;
+    o.n_ctx = n_ctx;
+    o.n_threads = threads;
+    o.kv_type = kv_type_from(kv_type);
+    o.isa = isa;
+    o.device = device;
+    o.fuse = fuse;
+    return o;
+}
+
 std::vector<NodeInput> inputs_from(const py::list& inputs, int n_before) {
     std::vector<NodeInput> out;
     for (py::handle in : inputs) {

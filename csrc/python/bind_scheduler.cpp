@@ -79,14 +79,8 @@ void bind_scheduler(py::module_& m) {
     py::class_<Scheduler>(m, "Scheduler", "assigns, fuses, allocates and splits graphs over its backends; runs plans")
         .def(py::init([](std::shared_ptr<Model> model, int n_ctx, int threads, const std::string& kv_type,
                          const std::string& isa, const std::string& device, bool fuse) {
-                 SchedulerOptions o;
-                 o.n_ctx = n_ctx;
-                 o.n_threads = threads;
-                 o.kv_type = kv_type_from(kv_type);
-                 o.isa = isa;
-                 o.device = device;
-                 o.fuse = fuse;
-                 return std::make_unique<Scheduler>(std::move(model), o);
+                 return std::make_unique<Scheduler>(std::move(model),
+                                                    scheduler_options(n_ctx, threads, kv_type, isa, device, fuse));
              }),
              py::arg("model"), py::arg("n_ctx") = 0, py::arg("threads") = 0, py::arg("kv_type") = "f16",
              py::arg("isa") = "", py::arg("device") = "", py::arg("fuse") = true)
