@@ -1,16 +1,14 @@
 """Microbenchmarks of the CPU matrix products (pytest-benchmark).
 
     pytest benchmarks/bench_matmul.py --benchmark-json=out.json
-    python benchmarks/summarize.py out.json      # the tables of RESULTS.md
+    python benchmarks/summarize.py out.json      # Markdown tables
+    pytest benchmarks/bench_matmul.py --threads 1   # threads (default: all physical cores)
 
 Matrix-vector: every weight type x ISA at the shapes of qwen2.5-coder-1.5b
 (rows x cols: 1536x1536 attention, 8960x1536 ffn_up/gate, 1536x8960 ffn_down,
 151936x1536 output), reported as GB/s of weight bytes streamed.  Matrix-matrix:
-512 tokens, reported as GFLOP/s (2 * rows * cols * tokens).  Threads: all
-physical cores unless MINFER_BENCH_THREADS says otherwise.
+512 tokens, reported as GFLOP/s (2 * rows * cols * tokens).
 """
-import os
-
 import numpy as np
 import pytest
 
@@ -19,7 +17,6 @@ from minfer.quants import GGMLType as T
 
 TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16, T.BF16, T.F32]
 SHAPES = [(1536, 1536), (8960, 1536), (1536, 8960), (151936, 1536)]
-THREADS = int(os.environ.get("MINFER_BENCH_THREADS", q.physical_cores()))
 _cache = {}
 
 
@@ -45,8 +42,8 @@ def weights(t, rows, cols):
 
 
 @pytest.fixture(scope="module")
-def pool():
-    return q.ThreadPool(THREADS)
+def pool(request):
+    return q.ThreadPool(request.config.getoption("--threads") or q.physical_cores())
 
 
 @pytest.mark.parametrize("isa", ["scalar", "avx2", "avx512"])
@@ -64,7 +61,7 @@ def test_matvec(benchmark, pool, t, shape, isa):
     benchmark.pedantic(q.matmul, args=(w, t, x), kwargs=dict(pool=pool, isa=isa, out=out),
                        rounds=20 if rows < 100000 else 5, warmup_rounds=2)
     sec = benchmark.stats.stats.median
-    benchmark.extra_info.update(kind="matvec", type=t.name, isa=isa, rows=rows, cols=cols, threads=THREADS,
+    benchmark.extra_info.update(kind="matvec", type=t.name, isa=isa, rows=rows, cols=cols, threads=pool.size,
                                 weight_bytes=int(w.nbytes), gbps=w.nbytes / sec / 1e9)
 
 
@@ -80,5 +77,5 @@ def test_matmul_512(benchmark, pool, t, shape, isa):
     out = np.empty((512, rows), np.float32)
     benchmark.pedantic(q.matmul, args=(w, t, x), kwargs=dict(pool=pool, isa=isa, out=out), rounds=3, warmup_rounds=1)
     sec = benchmark.stats.stats.median
-    benchmark.extra_info.update(kind="matmul512", type=t.name, isa=isa, rows=rows, cols=cols, threads=THREADS,
+    benchmark.extra_info.update(kind="matmul512", type=t.name, isa=isa, rows=rows, cols=cols, threads=pool.size,
                                 gflops=2 * rows * cols * 512 / sec / 1e9)

@@ -5,7 +5,7 @@
 //
 //   T=/usr/local/cuda/targets/x86_64-linux   # where the toolkit keeps cupti.h and libcupti.so (the H200's)
 //   nvcc -O2 -shared -Xcompiler -fPIC benchmarks/cuda_timeline.cpp -o /tmp/libtimeline.so -I$T/include -L$T/lib -lcupti
-//   MINFER_TIMELINE=/tmp/t.csv LD_LIBRARY_PATH=$T/lib LD_PRELOAD=/tmp/libtimeline.so python3 ...
+//   CUDA_TIMELINE_CSV=/tmp/t.csv LD_LIBRARY_PATH=$T/lib LD_PRELOAD=/tmp/libtimeline.so python3 ...
 //
 // The CSV has one row per kernel: start and end (ns, GPU clock), graph id, correlation id (one per
 // launch; a graph's kernels share the graph launch's), grid and block sizes, and the mangled name.
@@ -53,7 +53,7 @@ void CUPTIAPI completed(CUcontext, uint32_t, uint8_t* buf, size_t, size_t valid)
 
 struct Tracer {
     Tracer() {
-        if (!getenv("MINFER_TIMELINE")) return;
+        if (!getenv("CUDA_TIMELINE_CSV")) return;
         rows = new std::vector<Row>();  // leaked: CUPTI may still call back while statics are destroyed
         if (cuptiActivityRegisterCallbacks(requested, completed) != CUPTI_SUCCESS ||
             cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)
@@ -65,7 +65,7 @@ struct Tracer {
 
 extern "C" void minfer_timeline_flush() {
     static bool done = false;
-    const char* path = getenv("MINFER_TIMELINE");
+    const char* path = getenv("CUDA_TIMELINE_CSV");
     if (!path || done) return;
     done = true;
     cuptiActivityFlushAll(1);

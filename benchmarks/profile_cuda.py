@@ -168,7 +168,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "timeline.csv"
             lib = str(Path(a.timeline).resolve())
-            env = dict(os.environ, MINFER_TIMELINE=str(out), LD_PRELOAD=lib)
+            env = dict(os.environ, CUDA_TIMELINE_CSV=str(out), LD_PRELOAD=lib)
             subprocess.run([sys.executable, __file__, "--workload", "--layout", a.layout, "--depth", str(a.depth),
                             "--steps", str(a.steps), "--timeline", lib] + ["--chain"] * a.chain, env=env, check=True)
             return print(summarize_timeline(str(out)))
