@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-CORE = ["common/error.cpp", "gguf/mapped_file.cpp", "gguf/gguf.cpp", "quant/types.cpp", "quant/dequantize.cpp",
+CORE = ["common/error.cpp", "common/settings.cpp", "gguf/mapped_file.cpp", "gguf/gguf.cpp", "quant/types.cpp", "quant/dequantize.cpp",
         "quant/quantize.cpp", "quant/swiglu.cpp", "quant/dot_ref.cpp", "quant/dot_neon.cpp", "quant/dispatch.cpp",
         "runtime/thread_pool.cpp", "backends/cpu/matmul.cpp", "backends/cpu/ops.cpp", "backends/cpu/attention.cpp",
         "backends/kv_format.cpp"]

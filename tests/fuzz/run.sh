@@ -9,7 +9,7 @@ secs=${1:-60}
 work=${2:-/tmp/minfer-fuzz}
 mkdir -p "$work/corpus"
 cp tests/fuzz/corpus/* "$work/corpus/"
-src="csrc/common/error.cpp csrc/gguf/mapped_file.cpp csrc/gguf/gguf.cpp csrc/quant/types.cpp csrc/quant/dot_ref.cpp
+src="csrc/common/error.cpp csrc/common/settings.cpp csrc/gguf/mapped_file.cpp csrc/gguf/gguf.cpp csrc/quant/types.cpp csrc/quant/dot_ref.cpp
      csrc/quant/quantize.cpp csrc/quant/swiglu.cpp
      csrc/quant/dispatch.cpp csrc/runtime/weights.cpp csrc/models/config.cpp"
 clang++-14 -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
