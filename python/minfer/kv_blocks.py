@@ -1,0 +1,191 @@
+"""The paged KV cache's bookkeeping: which fixed-size blocks of one pool each sequence owns.
+
+A sequence's KV rows live in blocks of `block_size` tokens; its block table lists them in order.  Full
+blocks are content-addressed by a hash chained over their tokens and their parent block's hash, and
+reference-counted, so sequences with a common prefix share its full blocks (a second request with the
+same system prompt skips that part of its prefill).  A block about to be written while shared is copied
+first (copy-on-write).  A freed block whose content is known stays in the prefix cache until the pool
+needs it (least recently freed first).  Running out of blocks is never an error here: `can_append` /
+`can_allocate` say so first, and the scheduler preempts a sequence (frees its blocks) to make room.
+
+This is bookkeeping only: the kernels read the tables (ids into the device's pool); nothing here touches
+KV memory.  Reference: tests/test_kv_blocks.py.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+
+def chain_hash(parent: bytes, tokens: list[int]) -> bytes:
+    """The identity of a full block: its tokens, and (through the parent's hash) every token before it."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class SeqBlocks:
+    """One sequence's view of the pool: its block table and how many of its tokens have KV rows."""
+    table: list[int] = field(default_factory=list)
+    n_tokens: int = 0          # tokens whose KV rows the table covers (written or shared)
+    hashes: list[bytes] = field(default_factory=list)  # chained hashes of its full blocks, in order
+
+
+class BlockPool:
+    """n_blocks blocks of block_size tokens each; block ids are 0..n_blocks-1."""
+
+    def __init__(self, n_blocks: int, block_size: int):
+        if n_blocks < 1 or block_size < 1:
+            raise ValueError(f"a pool needs n_blocks >= 1 and block_size >= 1, got {n_blocks} and {block_size}")
+        self.n_blocks, self.block_size = n_blocks, block_size
+        self.refs = [0] * n_blocks
+        self._free: list[int] = list(range(n_blocks - 1, -1, -1))   # never used, or freed with no known content
+        self._cached: OrderedDict[int, bytes] = OrderedDict()          # free blocks with known content, LRU first
+        self._by_hash: dict[bytes, int] = {}                           # hash -> block holding that content
+        self._hash_of: dict[int, bytes] = {}
+
+    # ---- queries ---------------------------------------------------------------------------------------
+
+    @property
+    def n_free(self) -> int:
+        """Blocks a new allocation can take (free ones, and cached ones evicted on demand)."""
+        return len(self._free) + len(self._cached)
+
+    def blocks_for(self, n_tokens: int) -> int:
+        return -(-n_tokens // self.block_size)
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading tokens of `tokens` the prefix cache holds (whole blocks; never all of them, so
+        that the last token is computed and yields logits)."""
+        n, parent = 0, b""
+        while n + self.block_size <= len(tokens) - 1:
+            parent = chain_hash(parent, tokens[n:n + self.block_size])
+            if parent not in self._by_hash:
+                break
+            n += self.block_size
+        return n
+
+    def can_allocate(self, tokens: list[int]) -> bool:
+        """Whether `allocate(tokens)` would succeed now."""
+        hit = self.cached_prefix(tokens)
+        revived = sum(1 for b in self._prefix_blocks(tokens, hit) if self.refs[b] == 0)
+        return self.blocks_for(len(tokens)) - hit // self.block_size <= self.n_free - revived
+
+    def can_append(self, seq: SeqBlocks) -> bool:
+        """Whether one more token fits: a new block, or a copy of a shared last block, when one is needed."""
+        return not self._needs_block(seq) or self.n_free >= 1
+
+    # ---- changes ---------------------------------------------------------------------------------------
+
+    def allocate(self, tokens: list[int]) -> tuple[SeqBlocks, int]:
+        """Blocks for a new sequence's prompt: shared cached blocks for its longest cached prefix, fresh ones
+        for the rest.  Returns the sequence and how many tokens are already in the cache (its prefill starts
+        there).  RuntimeError if the pool cannot hold it (ask can_allocate first)."""
+        if not tokens:
+            raise ValueError("allocate: a sequence needs at least one token")
+        if not self.can_allocate(tokens):
+            raise RuntimeError(f"allocate: {len(tokens)} tokens need more blocks than the {self.n_free} free")
+        hit = self.cached_prefix(tokens)
+        seq = SeqBlocks()
+        parent = b""
+        for b in self._prefix_blocks(tokens, hit):
+            self._take(b)
+            parent = self._hash_of[b]
+            seq.table.append(b)
+            seq.hashes.append(parent)
+        for _ in range(self.blocks_for(len(tokens)) - len(seq.table)):
+            seq.table.append(self._fresh())
+        seq.n_tokens = len(tokens)
+        self._seal(seq, tokens)
+        return seq, hit
+
+    def append(self, seq: SeqBlocks, tokens: list[int]) -> tuple[int, int] | None:
+        """Room for the sequence's next token (`tokens` is its whole token list, that token included).
+        Returns (src, dst) when the block it writes was shared and has been copied (the caller copies the
+        KV rows), else None.  RuntimeError when the pool is out of blocks (ask can_append first)."""
+        if len(tokens) != seq.n_tokens + 1:
+            raise ValueError(f"append: the sequence covers {seq.n_tokens} tokens, given {len(tokens)}")
+        if self._needs_block(seq) and self.n_free < 1:
+            raise RuntimeError("append: no free block")
+        copy = None
+        if seq.n_tokens % self.block_size == 0:
+            seq.table.append(self._fresh())
+        else:
+            last = seq.table[-1]
+            if self.refs[last] > 1:  # shared: copy before writing
+                dst = self._fresh()
+                self.refs[last] -= 1
+                seq.table[-1] = dst
+                copy = (last, dst)
+        seq.n_tokens += 1
+        self._seal(seq, tokens)
+        return copy
+
+    def fork(self, seq: SeqBlocks) -> SeqBlocks:
+        """A second sequence with the same tokens (n samples of one prompt): every block shared; the first
+        write to a shared partial block copies it (append)."""
+        for b in seq.table:
+            self.refs[b] += 1
+        return SeqBlocks(list(seq.table), seq.n_tokens, list(seq.hashes))
+
+    def free(self, seq: SeqBlocks) -> None:
+        """Gives a finished, cancelled or preempted sequence's blocks back (newest first, so that a prefix's
+        first blocks are the last evicted)."""
+        for b in reversed(seq.table):
+            self.refs[b] -= 1
+            if self.refs[b] < 0:
+                raise RuntimeError(f"free: block {b} freed more often than taken")
+            if self.refs[b] == 0:
+                if b in self._hash_of:
+                    self._cached[b] = self._hash_of[b]
+                else:
+                    self._free.append(b)
+        seq.table.clear()
+        seq.hashes.clear()
+        seq.n_tokens = 0
+
+    # ---- inside ----------------------------------------------------------------------------------------
+
+    def _prefix_blocks(self, tokens: list[int], n: int) -> list[int]:
+        out, parent = [], b""
+        for i in range(0, n, self.block_size):
+            parent = chain_hash(parent, tokens[i:i + self.block_size])
+            out.append(self._by_hash[parent])
+        return out
+
+    def _needs_block(self, seq: SeqBlocks) -> bool:
+        return seq.n_tokens % self.block_size == 0 or self.refs[seq.table[-1]] > 1
+
+    def _take(self, b: int) -> None:
+        if self.refs[b] == 0:
+            self._cached.pop(b, None)
+        self.refs[b] += 1
+
+    def _fresh(self) -> int:
+        """A block with no content: a never-used or plainly freed one, else the least recently freed cached
+        block (its content is forgotten)."""
+        if self._free:
+            b = self._free.pop()
+        elif self._cached:
+            b, h = self._cached.popitem(last=False)
+            del self._hash_of[b]
+            if self._by_hash.get(h) == b:
+                del self._by_hash[h]
+        else:
+            raise RuntimeError("no free block")
+        self.refs[b] = 1
+        return b
+
+    def _seal(self, seq: SeqBlocks, tokens: list[int]) -> None:
+        """Registers the content of the sequence's blocks that became full."""
+        while len(seq.hashes) < seq.n_tokens // self.block_size:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else b""
+            h = chain_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            seq.hashes.append(h)
+            b = seq.table[i]
+            if h not in self._by_hash:
+                self._by_hash[h] = b
+                self._hash_of[b] = h
