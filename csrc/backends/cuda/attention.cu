@@ -18,7 +18,8 @@
 // can be rescaled row by row.
 //
 // Positions are read on the device, never from the host: the same launch
-// serves every step.
+// serves every step.  Reference: the reference backend's attention; tests/test_cuda.py
+// (test_kvstore_attention, test_decode_attention_*).
 #include <mma.h>
 
 #include "backends/cuda/common.cuh"

@@ -1,5 +1,6 @@
 // Device-side helpers shared by the CUDA kernels: f16 loads from unaligned
-// block fields, warp/block reductions, and the launch-error check.
+// block fields, warp/block reductions, and the launch-error check.  Tested through every kernel
+// (tests/test_cuda.py, tests/test_cuda_matvec.py).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

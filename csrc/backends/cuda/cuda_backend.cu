@@ -13,6 +13,7 @@
 //   that (MINFER_CUDA_GRAPHS=0 turns this off): the decode step becomes one
 //   graph launch per token.  Scratch that would grow frees every recording.
 // * MINFER_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
+// Reference: tests/test_cuda.py (bounded waits, graph replay, mixed graphs, forward passes).
 #include "backends/cuda/cuda_backend.cuh"
 
 namespace minfer::cuda_host {

@@ -1,5 +1,5 @@
 // Kernel-level entry points for tests and benchmarks (cuda_matmul, cuda_copy_bandwidth, cuda_argmax): one
-// kernel family run on its own, with the backend's bounded waits.  Reference: tests/test_cuda.py (rung 1).
+// kernel family run on its own, with the backend's bounded waits.  Reference: tests/test_cuda_matvec.py (rung 1).
 #include "backends/cuda/cuda_backend.cuh"
 
 namespace minfer {

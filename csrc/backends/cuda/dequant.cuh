@@ -4,7 +4,8 @@
 // thread's loads of one block's bytes are contiguous.  The explicit-rounding
 // intrinsics keep nvcc from contracting d * q - m into an FMA, so the values
 // are bit-identical to the reference's.  Every kernel that reads
-// weights (matvec, GEMM tiles, embedding gather) goes through here.
+// weights (matvec, GEMM tiles, embedding gather) goes through here.  Reference: csrc/quant/dequantize.cpp;
+// tests/test_cuda_matvec.py.
 #pragma once
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/q6k_layout.cuh"

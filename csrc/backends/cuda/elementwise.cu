@@ -1,6 +1,6 @@
 // Elementwise ops over row windows, row copies (TailRow) and the embedding
 // gather.  In place is safe for all of them: each thread reads its elements
-// before writing the same ones.
+// before writing the same ones.  Reference: tests/test_cuda.py (test_elementwise, test_getrows_and_tailrow).
 #include <algorithm>
 #include <climits>
 

@@ -12,7 +12,8 @@
 //
 // Several weights ("parts", any types, same K) share one launch: the fused
 // QKV projection writes q, k and v into column windows of one output; the
-// fused FFN computes gate and up rows together and writes silu(gate) * up.
+// fused FFN computes gate and up rows together and writes silu(gate) * up.  Reference: float64 numpy;
+// tests/test_cuda_matvec.py (the f32 path).
 #include "backends/cuda/dequant.cuh"
 #include "backends/cuda/unit_decode.cuh"
 #include "backends/cuda/kernels.h"

@@ -12,7 +12,7 @@
 // walk chunks (warp, block, pipe and stream layouts) matvec_q8_kernels.cuh; this
 // file holds the rules that pick one for a launch.  What a weight is -- the element-by-element
 // definition -- is dequant8 (dequant.cuh) and csrc/quant/dequantize.cpp;
-// tests/test_cuda.py checks this path against float64 with the bound of
+// tests/test_cuda_matvec.py checks this path against float64 with the bound of
 // rounding x to 8 bits.
 #include <map>
 #include <mutex>

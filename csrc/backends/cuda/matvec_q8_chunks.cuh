@@ -1,7 +1,8 @@
 // A chunk of a quantized weight row on decode's 8-bit activations (matvec_q8.cu's kernels): what its bytes are,
 // how they are loaded, and how they are dotted with x -- the arithmetic every 8-bit-activation matvec shares, so
 // that kernels that walk the same chunks in the same order give the same bits.  A chunk is one 32-value block, or
-// for Q4_K and Q6_K 64 values (two 32-value sub-blocks that share their bytes of quants).
+// for Q4_K and Q6_K 64 values (two 32-value sub-blocks that share their bytes of quants).  Reference:
+// csrc/quant/dequantize.cpp; tests/test_cuda_matvec.py.
 #pragma once
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/q6k_layout.cuh"

@@ -2,7 +2,7 @@
 // the block kernel (8 rows a block sharing x, optionally staged in shared memory or spread over whole waves),
 // the pipe kernel (x in shared memory, a lane's chunks loaded ahead; its RoPE + KV-store epilogue) and the
 // stream kernel (a GPU-sized grid walking many short rows).  matvec_q8.cu picks one per launch.
-// Reference: tests/test_cuda.py (each kernel against float64 and against each other, bit for bit).
+// Reference: tests/test_cuda_matvec.py (each kernel against float64 and against each other, bit for bit).
 #pragma once
 // Included once, by matvec_q8.cu, inside its anonymous namespace (one translation unit, as when it was one file).
 

@@ -2,7 +2,8 @@
 // matvec_q8.cu: 8-bit activations) share: which weight row a warp computes
 // when several parts share a launch, and how the row's result is stored; and
 // how the 8-bit activations are made (by quantize_x, and by add_rmsnorm for
-// the projection after it: one definition, so the two are identical).
+// the projection after it: one definition, so the two are identical).  Tested through the matvecs
+// (tests/test_cuda_matvec.py) and the fused norm (tests/test_cuda.py).
 #pragma once
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"

@@ -1,7 +1,8 @@
 // Per-row ops before attention: RMSNorm (whole row, or per head for qwen3's
 // QkNorm), rotary embedding at each row's position, and the KV store that
 // writes k and v rows into the cache at their positions (f32, f16 or q8_0
-// blocks, byte-compatible with csrc/backends/kv_format.cpp).
+// blocks, byte-compatible with csrc/backends/kv_format.cpp).  Reference: the reference backend;
+// tests/test_cuda.py (test_rmsnorm, test_rope, test_rope_kv_store_matches_unfused, test_add_rmsnorm).
 #include <algorithm>
 
 #include "backends/cuda/common.cuh"

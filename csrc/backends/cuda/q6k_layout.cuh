@@ -15,6 +15,7 @@
 //     aligned.  S is [scales, d] where pre % 4 == 0, [d, scales] otherwise, so that every chunk's scale word
 //     is 4-byte aligned and lies wholly on one side of the split.
 // Byte s of S lies at q6k_s(s, pre): s before pre, else 192 + s.  Rows grow by at most 14 bytes.
+// Reference: ggml's Q6_K layout (csrc/quant/dequantize.cpp); tests/test_cuda_matvec.py reads it back.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,6 +1,7 @@
 // The rotary embedding's arithmetic, shared by the RoPE kernels (norm_rope.cu) and the
 // decode QKV matvec that rotates in its epilogue (matvec_q8.cu): one definition, so the
-// fused and the separate paths give the same bits.
+// fused and the separate paths give the same bits.  Reference: tests/test_cuda.py (test_rope,
+// test_qkv_rope_matches_unfused).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -7,7 +7,7 @@
 // so a dot product with x is a_lo * sum_lo(q x) + a_hi * sum_hi(q x) - b * sum(x):
 // the scales are applied once per unit instead of once per weight.  The
 // element-by-element definition is dequant8 (dequant.cuh) and the reference
-// (csrc/quant/dequantize.cpp); tests/test_cuda.py checks matvec against both.
+// (csrc/quant/dequantize.cpp); tests/test_cuda_matvec.py checks matvec against both.
 #pragma once
 #include "backends/cuda/dequant.cuh"
 
