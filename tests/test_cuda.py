@@ -486,10 +486,11 @@ def test_llm_greedy_takes_the_device_chain(monkeypatch):
     gives the tokens of the path that reads each step's logits back and samples them on the host."""
     llm = minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), n_ctx=256, backend="cuda")
     ids = llm.tokenize("Hello world, this is")
+    assert llm._session.chains
     before = llm._session.chained_steps
     chained = llm.generate(ids, max_tokens=40)
     assert llm._session.chained_steps > before
-    monkeypatch.setattr(minfer.llm, "_CHAIN_DEVICES", ())
+    monkeypatch.setattr(minfer.llm, "GREEDY_CHUNK", 0)
     # a second LLM, so that its prompt is prefilled too (the first one's cache would have its last prompt token
     # evaluated as a decode step: other arithmetic for the first token's logits)
     host = minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), n_ctx=256, backend="cuda").generate(ids, max_tokens=40)

@@ -86,6 +86,16 @@ def test_decoder_graph_step_matches_the_session(sched):
         sched.step(plan, ids, 62)
 
 
+def test_the_cpu_does_not_chain(sched):
+    """Whether a session's greedy steps chain on the device is the backend's answer (CUDA's yes; the CPU's
+    no), and where they do not, decode_greedy is the host loop: the same tokens, no chained steps."""
+    sess = E.Session(sched.model, threads=2, n_ctx=64, device="cpu")
+    assert not sess.chains
+    first = sess.eval_greedy(np.array([5, 900, 77], np.int32), 0)
+    steps = sess.decode_greedy(first, 3, 4).tolist()
+    assert sess.chained_steps == 0 and len(steps) == 4
+
+
 def test_greedy_on_the_scheduler_equals_the_session(sched):
     prompt = [5, 900, 77, 3]
     on_sched = list(E.greedy(sched, prompt, 12, chunk=5))

@@ -57,6 +57,8 @@ class Backend {
                               int token_id, int pos_id, int32_t* out) {
         return false;
     }
+    // Whether greedy_chain runs chains on this backend (the engine asks before it plans a chunk of steps).
+    virtual bool chains() const { return false; }
 
     // Optional split capture (CUDA graphs).  The plan asks, per split and run:
     // replay_split(key) launches a recorded copy and returns true; otherwise

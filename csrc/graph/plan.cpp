@@ -144,19 +144,30 @@ int Plan::argmax_last_row(int node) {
     return backend(n.backend)->argmax(buf_[size_t(node)], size_t(n.rows - 1) * size_t(n.cols), size_t(n.cols));
 }
 
-bool Plan::greedy_chain(int steps, int32_t* out) {
+bool Plan::chain_inputs(int* tok, int* pos) const {
     if (splits_.size() != 1 || graph_.output < 0) return false;
     const int be = splits_[0].backend;
-    int tok = -1, pos = -1;
+    *tok = *pos = -1;
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& n = graph_.nodes[i];
         if (n.op != Op::Input || n.meta.input == InputKind::Data) continue;
-        int& slot = n.meta.input == InputKind::Tokens ? tok : pos;
+        int& slot = n.meta.input == InputKind::Tokens ? *tok : *pos;
         if (slot >= 0 || n.rows != 1 || n.backend != be) return false;
         slot = int(i);
     }
+    return *tok >= 0 && *pos >= 0 && graph_.nodes[size_t(graph_.output)].backend == be;
+}
+
+bool Plan::chains() const {
+    int tok, pos;
+    return chain_inputs(&tok, &pos) && backend(splits_[0].backend)->chains();
+}
+
+bool Plan::greedy_chain(int steps, int32_t* out) {
+    int tok, pos;
+    if (!chain_inputs(&tok, &pos)) return false;
+    const int be = splits_[0].backend;
     const Node& o = graph_.nodes[size_t(graph_.output)];
-    if (tok < 0 || pos < 0 || o.backend != be) return false;
     return backend(be)->greedy_chain(steps, [&] { run_split(0, nullptr); }, buf_[size_t(graph_.output)],
                                      size_t(o.rows - 1) * size_t(o.cols), size_t(o.cols), buf_[size_t(tok)],
                                      buf_[size_t(pos)], out);

@@ -59,6 +59,8 @@ class Plan {
     // last row.  false, having run nothing: the plan is not one split on one backend with one token and
     // one position input, or that backend has no chain.
     bool greedy_chain(int steps, int32_t* out);
+    // Whether greedy_chain would chain this plan's steps on its backend.
+    bool chains() const;
 
     const Graph& graph() const { return graph_; }
     const std::vector<Split>& splits() const { return splits_; }
@@ -70,6 +72,7 @@ class Plan {
     void allocate(bool keep_all);
     void run_split(size_t s, OpProfile* profile);
     void find_splits();
+    bool chain_inputs(int* tok, int* pos) const;  // the token and position inputs of a one-split, one-token plan
 
     Graph graph_;
     uint64_t id_;                                 // unique per plan: the key of its captured splits

@@ -130,6 +130,8 @@ void bind_engine(py::module_& m) {
            "would return them (on CUDA chained on the device: one wait per up to 256 steps)")
         .def("plan", [](Session& s, int n_tokens, bool all_logits) { return &s.plan(n_tokens, all_logits); },
              py::arg("n_tokens"), py::arg("all_logits") = false, py::return_value_policy::reference_internal)
+        .def_property_readonly("chains", [](Session& s) { return s.plan(1, false).chains(); },
+                               "whether decode_greedy chains its steps on the device (the host waits once a chunk)")
         .def_property_readonly("n_ctx", &Session::n_ctx)
         .def_property_readonly("threads", &Session::n_threads)
         .def_property_readonly("graph_builds", &Session::graph_builds)

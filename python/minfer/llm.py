@@ -58,11 +58,11 @@ class Completion:
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
                  "frequency_penalty", "penalty_last_n", "logit_bias", "seed")
 
-# Greedy sampling on a device that chains decode steps (Session.decode_greedy) takes its tokens GREEDY_CHUNK
-# at a time: the argmax stays on the device and no logits come back; text still streams token by token,
-# and the steps a chunk ran past a stop are dropped.  Elsewhere each step's logits go through the sampler.
+# Greedy sampling on a session whose decode steps chain on the device (Session.chains) takes its tokens
+# GREEDY_CHUNK at a time (Session.decode_greedy): the argmax stays on the device and no logits come back; text
+# still streams token by token, and the steps a chunk ran past a stop are dropped.  Elsewhere each step's
+# logits go through the sampler.
 GREEDY_CHUNK = 16
-_CHAIN_DEVICES = ("cuda",)
 
 
 class LLM:
@@ -225,7 +225,7 @@ class _Generation:
             detok = tokenizer.Detokenizer(llm.tokenizer)
             text_sent, pending = 0, ""
             pos, t_first, t_eval = len(ids), None, 0.0
-            chain = self.sampler.greedy and sess.device in _CHAIN_DEVICES and GREEDY_CHUNK > 0
+            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains
             ahead: list[int] = []  # with chain: tokens the device picked, not yet taken
             m.stop_reason = "length"
             while m.generated_tokens < self.max_tokens:
