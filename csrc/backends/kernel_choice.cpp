@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "common/error.h"
+#include "common/settings.h"
 
 namespace minfer {
 
@@ -55,20 +56,11 @@ void force_kernel(const std::string& choice, const std::string& value) {
         any_forced = !forced.empty();
         return;
     }
-    const std::string allowed = c.allowed;
-    for (size_t at = 0; at <= allowed.size();) {
-        const size_t end = std::min(allowed.find('|', at), allowed.size());
-        if (allowed.compare(at, end - at, value) == 0 && end - at == value.size()) {
-            forced[choice] = value;
-            any_forced = true;
-            return;
-        }
-        at = end + 1;
-    }
-    std::string list;
-    for (char ch : allowed) list += ch == '|' ? std::string(", ") : std::string(1, ch);
-    throw MinferError(strfmt("kernel choice %s='%s': must be auto or one of %s", choice.c_str(), value.c_str(),
-                             list.c_str()));
+    if (!one_of(c.allowed, value))
+        throw MinferError(strfmt("kernel choice %s='%s': must be auto or one of %s", choice.c_str(), value.c_str(),
+                                 listed(c.allowed).c_str()));
+    forced[choice] = value;
+    any_forced = true;
 }
 
 std::string forced_kernel(const char* choice) {

@@ -63,17 +63,8 @@ std::string invalid(const SettingSpec& s, const std::string& v) {
             const double d = std::strtod(v.c_str(), &end);
             return !v.empty() && end && !*end && d > 0 ? "" : head + "must be a positive number of seconds";
         }
-        case SettingType::Choice: {
-            const std::string allowed = s.allowed;
-            for (size_t at = 0; at <= allowed.size();) {
-                const size_t end = std::min(allowed.find('|', at), allowed.size());
-                if (allowed.compare(at, end - at, v) == 0 && end - at == v.size()) return "";
-                at = end + 1;
-            }
-            std::string list;
-            for (char c : allowed) list += c == '|' ? std::string(", ") : std::string(1, c);
-            return head + "must be one of " + list;
-        }
+        case SettingType::Choice:
+            return one_of(s.allowed, v) ? "" : head + "must be one of " + listed(s.allowed);
         case SettingType::OpList:
             for (char c : v)
                 if (!(std::isalnum((unsigned char)c) || c == ',')) return head + "must be op names separated by commas";
@@ -111,6 +102,22 @@ State get(const char* name) {
 }
 
 }  // namespace
+
+bool one_of(const char* allowed, const std::string& v) {
+    const std::string a = allowed;
+    for (size_t at = 0; at <= a.size();) {
+        const size_t end = std::min(a.find('|', at), a.size());
+        if (end - at == v.size() && a.compare(at, end - at, v) == 0) return true;
+        at = end + 1;
+    }
+    return false;
+}
+
+std::string listed(const char* allowed) {
+    std::string list;
+    for (const char* c = allowed; *c; c++) list += *c == '|' ? std::string(", ") : std::string(1, *c);
+    return list;
+}
 
 const std::vector<SettingSpec>& setting_specs() { return kSpecs; }
 

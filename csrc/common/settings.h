@@ -39,6 +39,11 @@ std::string setting_text(const char* name);
 bool setting_bool(const char* name);
 double setting_number(const char* name);
 
+// "a|b|c" lists: whether v is one of them, and the list as "a, b, c" for messages (the settings' Choice values
+// and the kernel choices share this form).
+bool one_of(const char* allowed, const std::string& v);
+std::string listed(const char* allowed);
+
 // Sets a value for this process (checked as the environment's would be); an empty value restores
 // the default.  MinferError for an unknown name or an invalid value.
 void set_setting(const std::string& name, const std::string& value);
