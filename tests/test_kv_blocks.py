@@ -26,6 +26,10 @@ def test_a_common_prefix_shares_its_full_blocks():
     pool = BlockPool(16, 4)
     system = list(range(100, 112))  # three full blocks
     a, hit_a = pool.allocate(system + [1, 2, 3])
+    early, hit = pool.allocate(system + [7, 8])  # a's prefill has not run: nothing to share yet
+    assert hit == 0 and not set(early.table) & set(a.table)
+    pool.free(early)
+    pool.written(a, system + [1, 2, 3], 15)
     b, hit_b = pool.allocate(system + [7, 8])
     assert hit_a == 0 and hit_b == 12
     assert b.table[:3] == a.table[:3] and b.table[3] != a.table[3]
@@ -40,11 +44,13 @@ def test_freed_prefix_blocks_stay_cached_until_needed():
     pool = BlockPool(6, 4)
     prompt = list(range(9))
     a, _ = pool.allocate(prompt)
+    pool.written(a, prompt, 9)
     first = list(a.table)
     pool.free(a)
     b, hit = pool.allocate(prompt)  # nothing else asked for blocks: the content is still there
     assert hit == 8 and b.table[:2] == first[:2]
     pool.free(b)
+    pool.written(b, prompt, 9)
     filler, _ = pool.allocate(list(range(1000, 1021)))  # 6 blocks: every cached one is evicted
     assert len(filler.table) == 6
     pool.free(filler)
@@ -122,6 +128,7 @@ def test_random_requests_never_lose_a_block():
             toks = waiting.pop(0)
             seq, hit = pool.allocate(toks)
             assert hit % pool.block_size == 0 and hit < len(toks)
+            pool.written(seq, toks, len(toks))  # its prefill runs at once here
             uid += 1
             live[uid] = (seq, list(toks), int(rng.integers(1, 40)))
             if rng.random() < 0.05:
@@ -147,6 +154,7 @@ def test_random_requests_never_lose_a_block():
                 continue
             toks.append(int(rng.integers(0, 500)))
             pool.append(seq, toks)
+            pool.written(seq, toks, len(toks))
             live[key] = (seq, toks, left - 1)
         check()
         if next_id >= 1000 and not live and not waiting:

@@ -15,11 +15,12 @@
 
 namespace minfer {
 
-// A window of a buffer: element (r, c) is at offset + r * ld + c.
+// A window of a buffer: element (r, c) is at offset + r * ld + c, r < rows (the producer's rows).
 struct BufRef {
     int id = -1;
     int64_t offset = 0;
     int64_t ld = 0;
+    int64_t rows = 0;
 };
 
 struct ExecArgs {

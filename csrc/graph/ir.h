@@ -35,6 +35,7 @@ enum class Op : uint8_t {
     AddRmsNorm,    // [a + b | RmsNorm(a + b)], 2 x cols wide                (fusion of Add + RmsNorm)
     FusedQkvRope,  // FusedQKV whose q is rotated (out [rope(q) | k | v]) and whose rope(k), v are stored
                    // at the positions (input 1)                           (fusion of FusedQKV + RopeKvStore)
+    PickRows,      // rows of input 0 at the indices of input 1 (a batch: each sequence's last row)
     Count
 };
 const char* op_name(Op op);
@@ -44,7 +45,11 @@ const char* op_name(Op op);
 inline bool stores_kv(Op op) { return op == Op::KvStore || op == Op::RopeKvStore || op == Op::FusedQkvRope; }
 inline bool uses_kv(Op op) { return stores_kv(op) || op == Op::Attn; }
 
-enum class InputKind : uint8_t { Tokens, Positions, Data };  // Data: any f32 matrix (op tests)
+// The inputs of a step.  A batch step (GraphParams::n_seqs > 0) lays its rows out sequence by sequence and
+// adds: Slots (the KV-pool row each token's k and v go to: KvStore's input 2 instead of the positions),
+// SeqIndex (each row's sequence), BlockTables ([n_seqs, max_blocks] pool block ids: Attn's inputs 3, 4)
+// and OutRows (the row whose logits each sequence wants: PickRows's input 1).
+enum class InputKind : uint8_t { Tokens, Positions, Data, Slots, SeqIndex, BlockTables, OutRows };  // Data: any f32 matrix (op tests)
 
 struct NodeInput {
     int node = -1;   // producer
@@ -70,7 +75,8 @@ struct NodeMeta {
     bool rope_neox = false;
     float attn_scale = 1.0f;
     uint32_t kv_type = 1;          // ggml type of the KV cache (F16 default)
-    int n_ctx = 0;
+    int n_ctx = 0;                 // KV rows: the context, or a batch's whole pool
+    int block_size = 0;            // Attn of a batch step: tokens per KV block (0: one contiguous sequence)
     int src_row = 0;               // TailRow: which row of the input
     std::string feeds_q;           // AddRmsNorm: the q weight of the q/k/v projection its norm feeds (fuse sets it)
 };
@@ -93,9 +99,12 @@ struct GraphParams {
     int n_ctx = 0;
     uint32_t gpu_mask = 0;         // which GPU backends participate (bit per backend kind)
     std::string assignment;        // "" (priority order) or a forced pattern, e.g. "alternate:3"
+    int n_seqs = 0;                // a batch step of n_seqs sequences over a paged KV pool (0: one sequence)
+    int block_size = 0, max_blocks = 0;  // batch: tokens per KV block, blocks per sequence's table
     bool operator==(const GraphParams& o) const {
         return n_tokens == o.n_tokens && all_logits == o.all_logits && fuse == o.fuse && kv_type == o.kv_type &&
-               n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment;
+               n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment && n_seqs == o.n_seqs &&
+               block_size == o.block_size && max_blocks == o.max_blocks;
     }
 };
 

@@ -22,6 +22,25 @@ Plan::Plan(Graph graph, std::vector<BackendSlot> slots, KvCache& kv, bool keep_a
     if (graph_.params.fuse) fusions_ = fuse(graph_, slots_);
     find_splits();
     allocate(keep_all);
+    for (const Node& n : graph_.nodes) built_rows_.push_back(n.rows);
+}
+
+void Plan::set_rows(const std::vector<int>& rows) {
+    if (rows.size() != graph_.nodes.size())
+        throw MinferError(strfmt("set_rows: %zu row counts for %zu nodes", rows.size(), graph_.nodes.size()));
+    bool changed = false;
+    for (size_t i = 0; i < rows.size(); i++) {
+        if (rows[i] < 1 || rows[i] > built_rows_[i])
+            throw MinferError(strfmt("set_rows: node '%s' was built for %d rows, asked for %d", graph_.nodes[i].name.c_str(),
+                                     built_rows_[i], rows[i]));
+        changed |= graph_.nodes[i].rows != rows[i];
+        graph_.nodes[i].rows = rows[i];
+    }
+    if (!changed) return;
+    for (size_t i = 0; i < args_.size(); i++)
+        for (size_t j = 0; j < graph_.nodes[i].in.size(); j++)
+            args_[i].in[j].rows = graph_.nodes[size_t(graph_.nodes[i].in[j].node)].rows;
+    for (const BackendSlot& slot : slots_) slot.backend->forget_captures(id_);
 }
 
 Plan::~Plan() {
@@ -128,7 +147,7 @@ void Plan::allocate(bool keep_all) {
         for (const NodeInput& in : n.in) {
             const Node& pn = graph_.nodes[size_t(in.node)];
             int id = pn.backend == n.backend ? buf_[size_t(in.node)] : staging_.at({split_of[i], in.node});
-            a.in.push_back(BufRef{id, in.col, pn.cols});
+            a.in.push_back(BufRef{id, in.col, pn.cols, pn.rows});
         }
         a.out = BufRef{buf_[i], 0, n.cols};
         if (uses_kv(n.op)) {
@@ -139,9 +158,12 @@ void Plan::allocate(bool keep_all) {
     }
 }
 
-int Plan::argmax_last_row(int node) {
+int Plan::argmax_last_row(int node) { return argmax_row(node, graph_.nodes.at(size_t(node)).rows - 1); }
+
+int Plan::argmax_row(int node, int row) {
     const Node& n = graph_.nodes.at(size_t(node));
-    return backend(n.backend)->argmax(buf_[size_t(node)], size_t(n.rows - 1) * size_t(n.cols), size_t(n.cols));
+    if (row < 0 || row >= n.rows) throw MinferError(strfmt("argmax_row: row %d of %d", row, n.rows));
+    return backend(n.backend)->argmax(buf_[size_t(node)], size_t(row) * size_t(n.cols), size_t(n.cols));
 }
 
 bool Plan::chain_inputs(int* tok, int* pos) const {
@@ -151,6 +173,7 @@ bool Plan::chain_inputs(int* tok, int* pos) const {
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& n = graph_.nodes[i];
         if (n.op != Op::Input || n.meta.input == InputKind::Data) continue;
+        if (n.meta.input != InputKind::Tokens && n.meta.input != InputKind::Positions) return false;  // a batch step
         int& slot = n.meta.input == InputKind::Tokens ? *tok : *pos;
         if (slot >= 0 || n.rows != 1 || n.backend != be) return false;
         slot = int(i);
@@ -177,8 +200,8 @@ void Plan::write_input(InputKind kind, const int32_t* values, int n) {
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& node = graph_.nodes[i];
         if (node.op != Op::Input || node.meta.input != kind) continue;
-        if (n != node.rows)
-            throw MinferError(strfmt("input '%s' takes %d values, got %d", node.name.c_str(), node.rows, n));
+        if (n != node.rows * node.cols)
+            throw MinferError(strfmt("input '%s' takes %d values, got %d", node.name.c_str(), node.rows * node.cols, n));
         backend(node.backend)->write_host(buf_[i], 0, (const float*)values, size_t(n));
     }
 }

@@ -47,6 +47,9 @@ class Plan {
     Plan& operator=(const Plan&) = delete;
 
     void execute(OpProfile* profile = nullptr, bool sync_last = true);
+    // A batch plan runs steps of fewer rows than it was built for: node i computes rows[i] rows, at most
+    // the rows it was built (and allocated) with.  Captured splits are dropped when the rows change.
+    void set_rows(const std::vector<int>& rows);
     void write_input(InputKind kind, const int32_t* values, int n);
     void write_node(int node, const float* values, size_t n);  // an Input node's buffer
     void poison();  // fill every non-input buffer with NaN (tests: unwritten outputs show)
@@ -54,6 +57,7 @@ class Plan {
     std::vector<float> read_node(int node);
     // argmax over the last row of `node`'s output, computed where the node ran.
     int argmax_last_row(int node);
+    int argmax_row(int node, int row);
     // Greedy decode of `steps` one-token steps chained on the backend (Backend::greedy_chain): the
     // token and position inputs must hold the first step's.  out[i] is step i's argmax of the output's
     // last row.  false, having run nothing: the plan is not one split on one backend with one token and
@@ -80,6 +84,7 @@ class Plan {
     KvCache& kv_;
     int fusions_ = 0;
     std::vector<int> buf_;                        // node -> buffer id on its backend
+    std::vector<int> built_rows_;                 // node -> the rows its buffer holds
     std::vector<ExecArgs> args_;                  // node -> resolved arguments
     std::vector<Split> splits_;
     std::map<std::pair<int, int>, int> staging_;  // (split, producer) -> buffer on the split's backend

@@ -7,12 +7,17 @@
 //   KvStore(k, v);  a = Attn(q)       causal GQA over the layer's cache
 //   x = x + MatMul(a)                 attn_output
 //   [last layer, last-logits graphs: x = TailRow(x)]
+//   [last layer, batch steps: x = PickRows(x, each sequence's last row)]
 //   h = RmsNorm(x)                    ffn_norm
 //   x = x + MatMul(Silu(MatMul(h)) * MatMul(h))           ffn_down(silu(gate) * up)
 //
 // then logits = MatMul(RmsNorm(x)) with output_norm and output (or the tied
 // embedding).  Fused ops are not emitted here: the fusion pass makes them
 // where the assigned backend can run them.
+//
+// A batch step (params.n_seqs > 0) is the same graph over rows of several sequences, laid out sequence by
+// sequence: KvStore writes at each token's pool row (the Slots input) and Attn reads each row's sequence
+// through its block table (SeqIndex, BlockTables), so the matmuls see all the step's tokens at once.
 #include "models/decoder.h"
 
 #include <cmath>
@@ -53,6 +58,19 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
     NodeMeta mp;
     mp.input = InputKind::Positions;
     int pos = b.node(Op::Input, {}, n, 1, mp, "positions");
+    const bool batch = params.n_seqs > 0;
+    int slots = pos, seq = -1, tables = -1, out_rows = -1;
+    if (batch) {
+        auto input = [&](InputKind kind, int rows, int cols, const char* name) {
+            NodeMeta m;
+            m.input = kind;
+            return b.node(Op::Input, {}, rows, cols, m, name);
+        };
+        slots = input(InputKind::Slots, n, 1, "slots");
+        seq = input(InputKind::SeqIndex, n, 1, "seq_index");
+        tables = input(InputKind::BlockTables, params.n_seqs, params.max_blocks, "block_tables");
+        if (params.n_seqs < n) out_rows = input(InputKind::OutRows, params.n_seqs, 1, "out_rows");
+    }
 
     NodeMeta me;
     me.weight = "token_embd.weight";
@@ -106,14 +124,24 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         ma.kv_type = params.kv_type;
         ma.n_ctx = params.n_ctx;
         ma.attn_scale = float(1.0 / std::sqrt(double(c.head_dim)));
-        int st = b.node(Op::KvStore, {full(k), full(v), full(pos)}, n, 1, ma, L + "kv_store");
-        int att = b.node(Op::Attn, {full(q), full(pos), full(st)}, n, q_cols, ma, L + "attn");
+        int st = b.node(Op::KvStore, {full(k), full(v), full(slots)}, n, 1, ma, L + "kv_store");
+        std::vector<NodeInput> attn_in = {full(q), full(pos), full(st)};
+        if (batch) {
+            ma.block_size = params.block_size;
+            attn_in.push_back(full(seq));
+            attn_in.push_back(full(tables));
+        }
+        int att = b.node(Op::Attn, attn_in, n, q_cols, ma, L + "attn");
         int o = matmul(att, L + "attn_output.weight", "", n, c.n_embd, Role::None);
         NodeMeta m0;
         m0.layer = l;
         x = b.node(Op::Add, {full(x), full(o)}, n, c.n_embd, m0, L + "attn_residual");
 
-        if (l == c.n_layer - 1 && !params.all_logits && n > 1) {
+        if (l == c.n_layer - 1 && out_rows >= 0) {
+            // Only each sequence's last row goes on.
+            x = b.node(Op::PickRows, {full(x), full(out_rows)}, params.n_seqs, c.n_embd, m0, "pick_rows");
+            n = params.n_seqs;
+        } else if (l == c.n_layer - 1 && !batch && !params.all_logits && n > 1) {
             // Only the last position's logits are wanted: the rest of the graph is one row.
             NodeMeta mtail;
             mtail.src_row = n - 1;

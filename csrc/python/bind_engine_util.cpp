@@ -69,6 +69,7 @@ void meta_from(NodeMeta& m, const py::dict& d) {
         else if (k == "kv_type") m.kv_type = kv_type_from(py::str(v));
         else if (k == "n_ctx") m.n_ctx = v.cast<int>();
         else if (k == "src_row") m.src_row = v.cast<int>();
+        else if (k == "block_size") m.block_size = v.cast<int>();
         else if (k == "layer") m.layer = v.cast<int>();
         else if (k == "role") {
             const std::string r = py::str(v);

@@ -14,6 +14,7 @@ void bind_sampling(pybind11::module_& m);
 void bind_devices(pybind11::module_& m);
 void bind_settings(pybind11::module_& m);
 void bind_scheduler(pybind11::module_& m);
+void bind_batch(pybind11::module_& m);
 
 // Raw bytes of a C-contiguous numpy array (error if it is not contiguous).
 struct Bytes {

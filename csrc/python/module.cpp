@@ -49,6 +49,7 @@ PYBIND11_MODULE(_minfer, m) {
     minfer::bind_cpu(m);
     minfer::bind_engine(m);
     minfer::bind_scheduler(m);
+    minfer::bind_batch(m);
     minfer::bind_sampling(m);
     minfer::bind_devices(m);
     minfer::bind_settings(m);

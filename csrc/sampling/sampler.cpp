@@ -87,36 +87,50 @@ int Sampler::sample(const float* logits, int n_vocab) {
     if (p_.temperature == 0.0f) {  // greedy: the first maximum
         return first_argmax(work_.data(), n_vocab);
     }
-    // candidates sorted by logit (descending, then id), cut to top-k
-    ids_.resize(size_t(n_vocab));
-    std::iota(ids_.begin(), ids_.end(), 0);
-    size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), ids_.size()) : ids_.size();
+    // Candidates: the top-k by logit (descending, then id), or every token in id order.  Sorting a whole
+    // vocabulary per token cost ~20 ms at 152k; only a top-p / min-p cut needs the order, and then only of
+    // the prefix it keeps, which is sorted in growing steps until the cut is inside it.
+    const size_t n = size_t(n_vocab);
+    const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
     auto by_logit = [&](int a, int b) { return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b); };
-    std::partial_sort(ids_.begin(), ids_.begin() + long(k), ids_.end(), by_logit);
-    ids_.resize(k);
-    // softmax at the temperature, in double
-    std::vector<double> prob(k);
-    const double mx = work_[size_t(ids_[0])];
+    ids_.resize(n);
+    std::iota(ids_.begin(), ids_.end(), 0);
+    if (k < n) {
+        std::nth_element(ids_.begin(), ids_.begin() + long(k), ids_.end(), by_logit);
+        ids_.resize(k);
+        std::sort(ids_.begin(), ids_.end(), by_logit);
+    }
+    float mx = -INFINITY;
+    for (int t : ids_) mx = std::max(mx, work_[size_t(t)]);
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
-    double sum = 0.0;
-    for (size_t i = 0; i < k; i++) sum += (prob[i] = std::exp((double(work_[size_t(ids_[i])]) - mx) / p_.temperature));
-    for (double& v : prob) v /= sum;
-    // top-p: the smallest prefix whose mass reaches top_p; min-p: drop p < min_p * p_max
+    // softmax at the temperature, in double (unnormalized; sum is the total mass)
+    auto weight = [&](int t) { return std::exp((double(work_[size_t(t)]) - double(mx)) / p_.temperature); };
     size_t keep = k;
-    if (p_.top_p < 1.0f) {
-        double cum = 0.0;
-        for (size_t i = 0; i < k; i++) {
-            cum += prob[i];
-            if (cum >= p_.top_p) { keep = i + 1; break; }
+    if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
+        double sum = 0.0;
+        for (int t : ids_) sum += weight(t);
+        // top-p: the smallest prefix (by logit) whose mass reaches top_p; min-p: drop weight < min_p * max weight
+        for (size_t m = std::min<size_t>(k, 64);; m = std::min(k, m * 8)) {
+            if (k == n) std::partial_sort(ids_.begin(), ids_.begin() + long(m), ids_.end(), by_logit);
+            double cum = 0.0;
+            size_t i = 0;
+            for (; i < m; i++) {
+                const double w = weight(ids_[i]);
+                if (p_.min_p > 0.0f && i > 0 && w < double(p_.min_p)) break;  // the max weight is exp(0) = 1
+                cum += w;
+                if (p_.top_p < 1.0f && cum >= double(p_.top_p) * sum) { i++; break; }
+            }
+            if (i < m || m == k) {
+                keep = std::max<size_t>(i, 1);
+                break;
+            }
         }
     }
-    if (p_.min_p > 0.0f)
-        while (keep > 1 && prob[keep - 1] < double(p_.min_p) * prob[0]) keep--;
     double total = 0.0;
-    for (size_t i = 0; i < keep; i++) total += prob[i];
+    for (size_t i = 0; i < keep; i++) total += weight(ids_[i]);
     double r = uniform() * total;
     for (size_t i = 0; i < keep; i++) {
-        r -= prob[i];
+        r -= weight(ids_[i]);
         if (r < 0) return ids_[i];
     }
     return ids_[keep - 1];

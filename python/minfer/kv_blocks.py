@@ -3,7 +3,8 @@
 A sequence's KV rows live in blocks of `block_size` tokens; its block table lists them in order.  Full
 blocks are content-addressed by a hash chained over their tokens and their parent block's hash, and
 reference-counted, so sequences with a common prefix share its full blocks (a second request with the
-same system prompt skips that part of its prefill).  A block about to be written while shared is copied
+same system prompt skips that part of its prefill).  A block becomes shareable once its KV rows are
+written (`written`), never while its prefill is still to run.  A block about to be written while shared is copied
 first (copy-on-write).  A freed block whose content is known stays in the prefix cache until the pool
 needs it (least recently freed first).  Running out of blocks is never an error here: `can_append` /
 `can_allocate` say so first, and the scheduler preempts a sequence (frees its blocks) to make room.
@@ -98,7 +99,6 @@ class BlockPool:
         for _ in range(self.blocks_for(len(tokens)) - len(seq.table)):
             seq.table.append(self._fresh())
         seq.n_tokens = len(tokens)
-        self._seal(seq, tokens)
         return seq, hit
 
     def append(self, seq: SeqBlocks, tokens: list[int]) -> tuple[int, int] | None:
@@ -120,8 +120,20 @@ class BlockPool:
                 seq.table[-1] = dst
                 copy = (last, dst)
         seq.n_tokens += 1
-        self._seal(seq, tokens)
         return copy
+
+    def written(self, seq: SeqBlocks, tokens: list[int], n: int) -> None:
+        """The KV rows of the sequence's first n tokens are computed: its full blocks among them become
+        findable by their content (prefix caching)."""
+        while len(seq.hashes) < min(n, seq.n_tokens) // self.block_size:
+            i = len(seq.hashes)
+            parent = seq.hashes[-1] if seq.hashes else b""
+            h = chain_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            seq.hashes.append(h)
+            b = seq.table[i]
+            if h not in self._by_hash:
+                self._by_hash[h] = b
+                self._hash_of[b] = h
 
     def fork(self, seq: SeqBlocks) -> SeqBlocks:
         """A second sequence with the same tokens (n samples of one prompt): every block shared; the first
@@ -177,15 +189,3 @@ class BlockPool:
             raise RuntimeError("no free block")
         self.refs[b] = 1
         return b
-
-    def _seal(self, seq: SeqBlocks, tokens: list[int]) -> None:
-        """Registers the content of the sequence's blocks that became full."""
-        while len(seq.hashes) < seq.n_tokens // self.block_size:
-            i = len(seq.hashes)
-            parent = seq.hashes[-1] if seq.hashes else b""
-            h = chain_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
-            seq.hashes.append(h)
-            b = seq.table[i]
-            if h not in self._by_hash:
-                self._by_hash[h] = b
-                self._hash_of[b] = h

@@ -27,36 +27,12 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from . import _minfer, chat as chat_mod, engine, gguf, hub, tokenizer
+from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .stops import StopText
 
 log = logging.getLogger("minfer")
 log.addHandler(logging.NullHandler())  # quiet unless the application configures logging
 
-
-class ContextLengthError(_minfer.MinferError, ValueError):
-    """A prompt (plus at least one generated token) does not fit in the context."""
-
-
-@dataclass
-class Metrics:
-    prompt_tokens: int = 0
-    cached_tokens: int = 0          # prompt tokens whose KV came from the previous call
-    generated_tokens: int = 0
-    ttft_s: float = 0.0             # call start to the first sampled token
-    prefill_tps: float = 0.0        # evaluated prompt tokens / prefill time
-    decode_tps: float = 0.0         # generated tokens after the first / their time
-    stop_reason: str = ""           # "stop" (end-of-generation token or stop string), "length", "cancelled", "context"
-    decode_overhead: float = 0.0    # share of the decode time spent outside the engine (sampling, detokenizing, Python)
-
-
-@dataclass
-class Completion:
-    text: str
-    tokens: list = field(default_factory=list)
-    metrics: Metrics = field(default_factory=Metrics)
-
-
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                 "frequency_penalty", "penalty_last_n", "logit_bias", "seed")
 
 # Greedy sampling on a session whose decode steps chain on the device (Session.chains) takes its tokens
 # GREEDY_CHUNK at a time (Session.decode_greedy): the argmax stays on the device and no logits come back; text
@@ -174,21 +150,14 @@ class LLM:
 
     def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special):
         parse_special = sampling.pop("_parse_special", parse_special)
-        unknown = set(sampling) - set(SAMPLING_KEYS)
-        if unknown:
-            raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}")
-        if max_tokens < 0:
-            raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+        check_request(max_tokens, sampling)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, parse_special=parse_special)
         else:
             ids = list(prompt)
         self._live()
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
-        params = dict(sampling)
-        params["logit_bias"] = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
-        params["seed"] = int(params["seed"]) if params.get("seed") is not None else int.from_bytes(os.urandom(8), "little")
-        sampler = _minfer.Sampler(self.n_vocab, **params)  # ValueError naming a bad parameter, before any work
+        sampler = make_sampler(self.n_vocab, sampling)  # ValueError naming a bad parameter, before any work
         return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out)
 
 
@@ -222,8 +191,7 @@ class _Generation:
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
             for t in ids:  # the prompt counts for the repetition penalties (the sampler keeps its window)
                 self.sampler.accept(t)
-            detok = tokenizer.Detokenizer(llm.tokenizer)
-            text_sent, pending = 0, ""
+            text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
             chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains
             ahead: list[int] = []  # with chain: tokens the device picked, not yet taken
@@ -242,18 +210,12 @@ class _Generation:
                 self.sampler.accept(tok)
                 self.tokens.append(tok)
                 m.generated_tokens += 1
-                pending += detok.push(tok)
-                hit = _find_stop(pending, self.stop)
-                if hit is not None:
-                    if hit > 0:
-                        yield pending[:hit]
-                    pending = ""
+                piece = text.push(tok)
+                if piece:
+                    yield piece
+                if text.hit:
                     m.stop_reason = "stop"
                     break
-                safe = _safe_prefix(pending, self.stop)
-                if safe:
-                    yield pending[:safe]
-                    pending = pending[safe:]
                 if m.generated_tokens == self.max_tokens:
                     break
                 if pos >= sess.n_ctx:
@@ -268,12 +230,9 @@ class _Generation:
                 t_eval += time.perf_counter() - t_e
                 llm._cached.append(tok)
                 pos += 1
-            if m.stop_reason != "stop" or pending:
-                rest = pending + detok.flush()
-                hit = _find_stop(rest, self.stop)
-                rest = rest[:hit] if hit is not None else rest
-                if rest:
-                    yield rest
+            rest = text.flush()
+            if rest:
+                yield rest
             if t_first is not None and m.generated_tokens > 1:
                 t_decode = max(time.perf_counter() - t_first, 1e-9)
                 m.decode_tps = (m.generated_tokens - 1) / t_decode
@@ -281,18 +240,3 @@ class _Generation:
             llm.last_metrics = m
             log.debug("generation: %s", m)
 
-
-def _find_stop(text: str, stops: list) -> int | None:
-    hits = [text.find(s) for s in stops if s and s in text]
-    return min(hits) if hits else None
-
-
-def _safe_prefix(text: str, stops: list) -> int:
-    """How much of `text` can be emitted: all but a tail that could start a stop string."""
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return len(text) - hold

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -188,12 +189,31 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool) {
+                   int head_dim, float scale, ThreadPool& pool, const KvPages* pages) {
     const int group = n_head / n_head_kv;
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
-    for (int64_t r = 0; r < rows; r++)
-        if (pos[r] < 0 || pos[r] >= kv.n_ctx)
-            throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
+    // Runs of query rows that share one sequence's keys: the whole step for one sequence, each sequence's
+    // rows in a batch.
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    const int bs = pages ? pages->block_size : 0;
+    const int max_pos = pages ? pages->max_blocks * bs : kv.n_ctx;
+    for (int64_t r = 0; r < rows; r++) {
+        if (pos[r] < 0 || pos[r] >= max_pos)
+            throw MinferError(strfmt("Attn: position %d is outside the %s of %d positions", pos[r],
+                                     pages ? "block table" : "KV cache", max_pos));
+        if (!pages) continue;
+        const int s = pages->seq[r];
+        if (s < 0 || s >= pages->n_seqs) throw MinferError(strfmt("Attn: row %lld has sequence %d of %d", (long long)r, s, pages->n_seqs));
+        for (int b = 0; b <= pos[r] / bs; b++) {
+            const int id = pages->tables[size_t(s) * size_t(pages->max_blocks) + size_t(b)];
+            if (id < 0 || int64_t(id) * bs >= kv.n_ctx)
+                throw MinferError(strfmt("Attn: sequence %d's block %d is %d, outside the pool of %d blocks", s, b, id,
+                                         kv.n_ctx / bs));
+        }
+        if (r == 0 || pages->seq[r] != pages->seq[r - 1]) runs.push_back({r, r + 1});
+        else runs.back().second = r + 1;
+    }
+    if (!pages) runs.push_back({0, rows});
     // Tasks: (kv head, block of query rows, part of the heads sharing that kv
     // head).  A task reads its kv head's keys and values once, in chunks of
     // kChunk positions converted to f32 (exact: f16 and q8_0 values are floats)
@@ -204,14 +224,20 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     // the answer a fresh prompt gives.
     constexpr int64_t kBlock = 16;
     constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1); a multiple of scores()'s groups of 8
-    const int64_t n_blocks = (rows + kBlock - 1) / kBlock;
+    std::vector<std::pair<int64_t, int64_t>> blocks;  // query rows of one run, kBlock at most
+    for (auto [a, e] : runs)
+        for (int64_t r = a; r < e; r += kBlock) blocks.push_back({r, std::min(e, r + kBlock)});
+    const int64_t n_blocks = int64_t(blocks.size());
     int parts = 1;
     while (parts < group && int64_t(n_head_kv) * n_blocks * parts < pool.size()) parts++;
     const int per_part = (group + parts - 1) / parts;
     pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
         const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
-        const int64_t r0 = (task / (int64_t(n_head_kv) * parts)) * kBlock, r1 = std::min(rows, r0 + kBlock);
+        const auto [r0, r1] = blocks[size_t(task / (int64_t(n_head_kv) * parts))];
         const int h0 = g * group + part * per_part, h1 = std::min((g + 1) * group, h0 + per_part);
+        // the cache row of the task's sequence's key j
+        const int32_t* table = pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr;
+        auto row_of = [&](int j) { return table ? size_t(table[j / bs]) * size_t(bs) + size_t(j % bs) : size_t(j); };
         if (h0 >= h1) return;
         const int nh = h1 - h0;
         int n_keys = 0;
@@ -238,9 +264,9 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                 for (int j = 0; j < n; j++) {
                     if (j0 + j + kChunk < n_keys)
                         for (size_t b = 0; b < slice; b += 64)
-                            __builtin_prefetch(cache + size_t(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
+                            __builtin_prefetch(cache + row_of(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
                     float* c = &C[size_t(j) * size_t(hdim)];
-                    const uint8_t* row = cache + size_t(j0 + j) * rb;
+                    const uint8_t* row = cache + row_of(j0 + j) * rb;
                     if (kv.type == GGML_TYPE_F16) kv_read_f16(row, int64_t(g) * hdim, c, hdim);
                     else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
                 }

@@ -1,7 +1,8 @@
 // KV-cache store and causal grouped-query attention on the CPU.
 //
-// The cache of one layer is two regions of n_ctx rows (one per position), each
-// row the kv_dim = n_head_kv * head_dim values of that position in kv_type.
+// The cache of one layer is two regions of n_ctx rows, each row the kv_dim = n_head_kv * head_dim values of
+// one token in kv_type.  One sequence: row = position.  A batch: the regions are a pool of blocks of
+// block_size rows, and position j of a row's sequence is in block tables[seq][j / block_size].
 #pragma once
 #include <cstdint>
 
@@ -16,14 +17,22 @@ struct KvLayout {
     int n_ctx;
 };
 
-// Rows r of k and v go to cache row pos[r].
+// A batch step's view of the pool (see KvLayout): rows sequence by sequence.
+struct KvPages {
+    const int32_t* seq;     // per query row: its sequence (a row of tables)
+    const int32_t* tables;  // [n_seqs, max_blocks] block ids
+    int n_seqs, max_blocks, block_size;
+};
+
+// Rows r of k and v go to cache row pos[r] (a batch: the token's pool row).
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
                   uint8_t* k_cache, uint8_t* v_cache, const KvLayout& kv);
 
 // out[r, h] = softmax_j(q[r, h] . K[j, g] * scale) V[j, g] over j = 0..pos[r],
-// g = h / (n_head / n_head_kv).
+// g = h / (n_head / n_head_kv); pages: null for one sequence, else K/V row j of row r's sequence is found
+// through its block table.
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool);
+                   int head_dim, float scale, ThreadPool& pool, const KvPages* pages = nullptr);
 
 }  // namespace minfer

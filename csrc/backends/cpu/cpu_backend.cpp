@@ -109,9 +109,22 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::Attn: {
             KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx};
+            KvPages pages{};
+            if (m.block_size > 0)
+                pages = {(const int32_t*)at(a.in[3]), (const int32_t*)at(a.in[4]), int(a.in[4].rows), int(a.in[4].ld),
+                         m.block_size};
             cpu_attention(at(a.in[0]), a.in[0].ld, at(a.out), a.out.ld, rows, (const int32_t*)at(a.in[1]),
                           (const uint8_t*)ptr(a.kv_k), (const uint8_t*)ptr(a.kv_v), kv, m.n_head, m.n_head_kv,
-                          m.head_dim, m.attn_scale, *pool_);
+                          m.head_dim, m.attn_scale, *pool_, m.block_size > 0 ? &pages : nullptr);
+            return;
+        }
+        case Op::PickRows: {
+            const int32_t* idx = (const int32_t*)at(a.in[1]);
+            for (int64_t r = 0; r < rows; r++) {
+                if (idx[r] < 0 || idx[r] >= a.in[0].rows)
+                    throw MinferError(strfmt("PickRows: row %d of %lld", idx[r], (long long)a.in[0].rows));
+                std::memcpy(at(a.out) + r * a.out.ld, at(a.in[0]) + idx[r] * a.in[0].ld, size_t(cols) * sizeof(float));
+            }
             return;
         }
         case Op::Add:

@@ -167,8 +167,10 @@ bool CudaBackend::supports_op(const Node& node) const {
                    f32_weight(node.meta.q_norm) && f32_weight(node.meta.k_norm);
         case Op::FusedFFN:
             return has_weight(node.meta.w_gate) && has_weight(node.meta.w_up);
-        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
+        case Op::KvStore: case Op::RopeKvStore:
             return kv_ok;
+        case Op::Attn:  // not over a batch's paged pool yet
+            return kv_ok && node.meta.block_size == 0;
         case Op::FusedQkvRope:
             return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) && kv_ok;
         default:

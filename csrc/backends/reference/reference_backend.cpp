@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <vector>
 
 #include "backends/kv_format.h"
@@ -79,6 +80,17 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
             std::memcpy(out(0), row.data(), size_t(cols) * 4);
             return;
         }
+        case Op::PickRows: {
+            std::vector<float> picked;
+            for (int64_t r = 0; r < rows; r++) {
+                int32_t i;
+                std::memcpy(&i, in(1, r), 4);
+                if (i < 0 || i >= a.in[0].rows) throw MinferError(strfmt("PickRows: row %d of %lld", i, (long long)a.in[0].rows));
+                picked.insert(picked.end(), in(0, i), in(0, i) + cols);
+            }
+            for (int64_t r = 0; r < rows; r++) std::memcpy(out(r), picked.data() + r * cols, size_t(cols) * 4);
+            return;
+        }
         case Op::RmsNorm:
         case Op::QkNorm: {
             const int64_t width = node.op == Op::RmsNorm ? cols : m.head_dim;
@@ -150,15 +162,33 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
             for (int64_t r = 0; r < rows; r++) {
                 int32_t p;
                 std::memcpy(&p, in(1, r), 4);
-                if (p < 0 || p >= m.n_ctx)
-                    throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", p, m.n_ctx));
+                // key j's cache row: j itself, or (a batch step) through the row's sequence's block table
+                std::function<size_t(int)> row_of = [](int j) { return size_t(j); };
+                int max_pos = m.n_ctx;
+                if (m.block_size > 0) {
+                    int32_t seq;
+                    std::memcpy(&seq, in(3, r), 4);
+                    if (seq < 0 || seq >= a.in[4].rows)
+                        throw MinferError(strfmt("Attn: row %lld has sequence %d of %lld", (long long)r, seq, (long long)a.in[4].rows));
+                    const float* table = in(4, seq);
+                    max_pos = int(a.in[4].ld) * m.block_size;
+                    row_of = [&, table](int j) {
+                        int32_t b;
+                        std::memcpy(&b, table + j / m.block_size, 4);
+                        if (b < 0 || int64_t(b) * m.block_size >= m.n_ctx)
+                            throw MinferError(strfmt("Attn: block %d is outside the pool of %d blocks", b, m.n_ctx / m.block_size));
+                        return size_t(b) * size_t(m.block_size) + size_t(j % m.block_size);
+                    };
+                }
+                if (p < 0 || p >= max_pos)
+                    throw MinferError(strfmt("Attn: position %d is outside the KV cache of %d positions", p, max_pos));
                 for (int h = 0; h < m.n_head; h++) {
                     const int64_t col = int64_t(h / group) * m.head_dim;
                     const float* qh = in(0, r) + int64_t(h) * m.head_dim;
                     std::vector<double> s(size_t(p) + 1), o(size_t(m.head_dim), 0.0);
                     double mx = -INFINITY, sum = 0.0;
                     for (int j = 0; j <= p; j++) {
-                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_k) + size_t(j) * rb, col, kr.data(), m.head_dim);
+                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_k) + row_of(j) * rb, col, kr.data(), m.head_dim);
                         double d = 0.0;
                         for (int i = 0; i < m.head_dim; i++) d += double(qh[i]) * kr[size_t(i)];
                         s[size_t(j)] = d * m.attn_scale;
@@ -166,7 +196,7 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                     }
                     for (int j = 0; j <= p; j++) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
                     for (int j = 0; j <= p; j++) {
-                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_v) + size_t(j) * rb, col, vr.data(), m.head_dim);
+                        kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_v) + row_of(j) * rb, col, vr.data(), m.head_dim);
                         for (int i = 0; i < m.head_dim; i++) o[size_t(i)] += s[size_t(j)] / sum * vr[size_t(i)];
                     }
                     for (int i = 0; i < m.head_dim; i++) out(r)[int64_t(h) * m.head_dim + i] = float(o[size_t(i)]);

@@ -1,0 +1,156 @@
+#include "engine/batch.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "backends/kv_format.h"
+#include "common/error.h"
+#include "models/decoder.h"
+#include "runtime/memory.h"
+
+namespace minfer {
+
+namespace {
+constexpr size_t kMaxPlans = 16;  // power-of-two shapes: a few decode and mixed-step plans
+}  // namespace
+
+BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size)
+    : sched_(std::move(model), std::move(opts)), block_size_(block_size) {
+    if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)))
+        throw MinferError(strfmt("block_size must be a power of two in [1, 1024], got %d", block_size));
+    if (kv_tokens < 1) throw MinferError(strfmt("kv_tokens must be >= 1, got %d", kv_tokens));
+    for (const auto& b : sched_.backends())
+        if (std::string(b->name()) != "cpu" && std::string(b->name()) != "reference")
+            throw MinferError(strfmt("batched steps have no %s attention over a paged KV pool yet: use device='cpu'",
+                                     b->name()));
+    n_blocks_ = (kv_tokens + block_size - 1) / block_size;
+    max_blocks_ = (sched_.n_ctx() + block_size - 1) / block_size;
+    const ModelConfig& c = sched_.model().config();
+    const size_t bytes = 2 * size_t(c.n_layer) * size_t(n_blocks_) * size_t(block_size) *
+                         kv_row_bytes(sched_.options().kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    check_fits(bytes, strfmt("the KV pool (%s, %d blocks of %d tokens x %d layers)", type_traits(sched_.options().kv_type).name,
+                             n_blocks_, block_size, c.n_layer),
+               "ask for fewer kv_tokens, or kv_type='q8_0'");
+    kv_.type = sched_.options().kv_type;
+    kv_.n_ctx = n_blocks_ * block_size;
+}
+
+BatchRunner::~BatchRunner() { plans_.clear(); }
+
+Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
+    auto pow2 = [](int n) {
+        int c = 1;
+        while (c < n) c *= 2;
+        return c;
+    };
+    // A decode step (one row per sequence) has no PickRows: its plan runs decode steps only.
+    const bool decode = n_tokens == n_seqs;
+    const int cap_seqs = pow2(n_seqs), cap_tokens = decode ? cap_seqs : std::max(pow2(n_tokens), cap_seqs + 1);
+    GraphParams p = sched_.step_params(cap_tokens, false);
+    p.n_seqs = cap_seqs;
+    p.block_size = block_size_;
+    p.max_blocks = max_blocks_;
+    p.n_ctx = kv_.n_ctx;
+    auto it = plans_.begin();
+    while (it != plans_.end() && !(it->params == p)) ++it;
+    if (it != plans_.end()) {
+        plans_.splice(plans_.begin(), plans_, it);
+    } else {
+        if (plans_.size() >= kMaxPlans) plans_.pop_back();
+        Cached c{p, sched_.schedule(build_decoder_graph(sched_.model().config(), p), &kv_), {}};
+        const Graph& g = c.plan->graph();
+        for (const Node& n : g.nodes) {
+            bool seq = false;
+            if (n.op == Op::Input) seq = n.meta.input == InputKind::BlockTables || n.meta.input == InputKind::OutRows;
+            else if (n.op == Op::PickRows) seq = true;
+            else if (!n.in.empty()) seq = c.per_seq[size_t(n.in[0].node)];
+            c.per_seq.push_back(seq);
+        }
+        plans_.push_front(std::move(c));
+        graph_builds_++;
+    }
+    Cached& c = plans_.front();
+    std::vector<int> rows(c.per_seq.size());
+    for (size_t i = 0; i < rows.size(); i++) rows[i] = c.per_seq[i] ? n_seqs : n_tokens;
+    c.plan->set_rows(rows);
+    return *c.plan;
+}
+
+Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                       const int32_t* tables, bool sync) {
+    const ModelConfig& c = sched_.model().config();
+    if (n_seqs < 1) throw MinferError("batch step: no sequences");
+    int n = 0;
+    for (int s = 0; s < n_seqs; s++) {
+        if (seq_lens[s] < 1) throw MinferError(strfmt("batch step: sequence %d has %d tokens (at least one)", s, seq_lens[s]));
+        n += seq_lens[s];
+    }
+    std::vector<int32_t> slots((size_t)n), seq((size_t)n), out_rows((size_t)n_seqs);
+    for (int s = 0, r = 0; s < n_seqs; s++) {
+        const int32_t* table = tables + size_t(s) * size_t(max_blocks_);
+        for (int i = 0; i < seq_lens[s]; i++, r++) {
+            const int p = positions[r];
+            if (tokens[r] < 0 || tokens[r] >= c.n_vocab)
+                throw MinferError(strfmt("batch step: token id %d (sequence %d) is out of range [0, %d)", tokens[r], s, c.n_vocab));
+            if (p < 0 || p >= sched_.n_ctx())
+                throw MinferError(strfmt("batch step: position %d (sequence %d) is outside the context of %d tokens", p, s,
+                                         sched_.n_ctx()));
+            for (int b = 0; b <= p / block_size_; b++)  // every block the row's attention reads
+                if (table[b] < 0 || table[b] >= n_blocks_)
+                    throw MinferError(strfmt("batch step: sequence %d's block %d is %d, outside the pool of %d blocks", s, b,
+                                             table[b], n_blocks_));
+            slots[size_t(r)] = table[p / block_size_] * block_size_ + p % block_size_;
+            seq[size_t(r)] = s;
+        }
+        out_rows[size_t(s)] = r - 1;
+    }
+    {  // two rows writing one KV row is a block-table bug (a shared block not copied): refuse it
+        std::vector<int32_t> sorted = slots;
+        std::sort(sorted.begin(), sorted.end());
+        if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
+            throw MinferError("batch step: two tokens of the step write the same KV row (a shared block needs a copy first)");
+    }
+    for (const auto& f : sched_.model().gguf().files()) f->check_unchanged();
+    Plan& pl = plan(n, n_seqs);
+    pl.write_input(InputKind::Tokens, tokens, n);
+    pl.write_input(InputKind::Positions, positions, n);
+    pl.write_input(InputKind::Slots, slots.data(), n);
+    pl.write_input(InputKind::SeqIndex, seq.data(), n);
+    pl.write_input(InputKind::BlockTables, tables, n_seqs * max_blocks_);
+    if (pl.graph().params.n_seqs < pl.graph().params.n_tokens) pl.write_input(InputKind::OutRows, out_rows.data(), n_seqs);
+    sched_.run(pl, sync);
+    return pl;
+}
+
+void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                       const int32_t* tables, float* logits) {
+    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, true);
+    std::vector<float> out = pl.read_node(pl.graph().output);
+    std::memcpy(logits, out.data(), size_t(n_seqs) * size_t(sched_.model().config().n_vocab) * sizeof(float));
+}
+
+void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                              const int32_t* tables, int32_t* out) {
+    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
+    for (int s = 0; s < n_seqs; s++) out[s] = pl.argmax_row(pl.graph().output, s);
+}
+
+void BatchRunner::copy_block(int src, int dst) {
+    if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
+        throw MinferError(strfmt("copy_block: blocks %d -> %d outside the pool of %d", src, dst, n_blocks_));
+    const ModelConfig& c = sched_.model().config();
+    const size_t bytes = size_t(block_size_) * kv_row_bytes(kv_.type, int64_t(c.n_head_kv) * c.head_dim);
+    if (bytes % sizeof(float)) throw MinferError("copy_block: a block is not a whole number of floats");
+    const size_t nf = bytes / sizeof(float);
+    std::vector<float> tmp(nf);
+    for (const KvRegion& r : kv_.layers) {
+        if (r.backend < 0) continue;  // no step has run yet
+        Backend* b = sched_.backends()[size_t(r.backend)].get();
+        for (int region : {r.k, r.v}) {
+            b->read_host(region, size_t(src) * nf, tmp.data(), nf);
+            b->write_host(region, size_t(dst) * nf, tmp.data(), nf);
+        }
+    }
+}
+
+}  // namespace minfer

@@ -1,0 +1,58 @@
+// A batch step runner: many sequences per step over one paged KV pool.
+//
+// The pool is n_blocks blocks of block_size KV rows per layer; a sequence's KV lives in the blocks its table
+// lists (Python's minfer.kv_blocks.BlockPool decides which).  step() runs one graph over every row of the
+// step — a chunk of a prompt, or one decode token, per sequence, laid out sequence by sequence — so each
+// weight is read once per step, and returns each sequence's last row's logits (or their argmax).  A plan is
+// built for a power-of-two number of tokens and of sequences and runs any step that fits (Plan::set_rows),
+// so a stream of steps of changing shapes reuses a handful of plans.  Reference: tests/test_batch.py.
+#pragma once
+#include <list>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "engine/scheduler.h"
+
+namespace minfer {
+
+class BatchRunner {
+  public:
+    // kv_tokens: the pool's size in tokens (rounded up to whole blocks); opts.n_ctx caps one sequence.
+    BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size);
+    ~BatchRunner();
+
+    // One step over n_seqs sequences: sequence s contributes seq_lens[s] consecutive rows (tokens at
+    // positions), and its block table is row s of tables ([n_seqs, max_blocks()]; entries past the
+    // sequence's last block are ignored).  logits: [n_seqs, n_vocab], each sequence's last row.
+    void step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+              const int32_t* tables, float* logits);
+    // The same step; out[s] is the argmax of sequence s's logits, found where they were computed.
+    void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                     const int32_t* tables, int32_t* out);
+    // Copies block src's KV rows to block dst in every layer (copy-on-write of a shared block).
+    void copy_block(int src, int dst);
+
+    int n_blocks() const { return n_blocks_; }
+    int block_size() const { return block_size_; }
+    int max_blocks() const { return max_blocks_; }  // blocks in one sequence's table: n_ctx / block_size
+    Scheduler& scheduler() { return sched_; }
+    int graph_builds() const { return graph_builds_; }
+
+  private:
+    Plan& run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+              const int32_t* tables, bool sync);
+    Plan& plan(int n_tokens, int n_seqs);
+    struct Cached {
+        GraphParams params;
+        std::unique_ptr<Plan> plan;
+        std::vector<bool> per_seq;  // node -> its rows are one per sequence (else one per token)
+    };
+    Scheduler sched_;
+    int block_size_, n_blocks_, max_blocks_;
+    KvCache kv_;
+    std::list<Cached> plans_;  // most recent first
+    int graph_builds_ = 0;
+};
+
+}  // namespace minfer

@@ -1,0 +1,83 @@
+// BatchRunner from Python: one step over many sequences of a paged KV pool (minfer.batch drives it).
+#include <cstring>
+
+#include "engine/batch.h"
+#include "python/bind_engine_util.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace minfer {
+
+namespace {
+
+using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>;
+
+// The step's arrays, checked against each other before any work.
+struct StepArgs {
+    I32Array tokens, positions, seq_lens, tables;
+    int n_seqs;
+};
+
+StepArgs step_args(const BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
+    const py::ssize_t n = tokens.size(), s = seq_lens.size();
+    if (tokens.ndim() != 1 || positions.ndim() != 1 || seq_lens.ndim() != 1)
+        throw py::value_error("tokens, positions and seq_lens must be 1-D");
+    if (positions.size() != n) throw py::value_error("tokens and positions differ in length");
+    if (tables.ndim() != 2 || tables.shape(0) != s || tables.shape(1) != b.max_blocks())
+        throw py::value_error("tables must be [len(seq_lens), max_blocks] = [" + std::to_string(s) + ", " +
+                              std::to_string(b.max_blocks()) + "]");
+    py::ssize_t total = 0;
+    for (py::ssize_t i = 0; i < s; i++) total += seq_lens.data()[i];
+    if (total != n) throw py::value_error("seq_lens add up to " + std::to_string(total) + ", not the " + std::to_string(n) + " tokens");
+    return {tokens, positions, seq_lens, tables, int(s)};
+}
+
+}  // namespace
+
+void bind_batch(py::module_& m) {
+    py::class_<BatchRunner>(m, "BatchRunner", "steps over many sequences sharing one paged KV pool")
+        .def(py::init([](std::shared_ptr<Model> model, int n_ctx, int threads, const std::string& kv_type,
+                         const std::string& device, int kv_tokens, int block_size) {
+                 return std::make_unique<BatchRunner>(std::move(model),
+                                                      scheduler_options(n_ctx, threads, kv_type, "", device, true),
+                                                      kv_tokens, block_size);
+             }),
+             py::arg("model"), py::arg("n_ctx") = 0, py::arg("threads") = 0, py::arg("kv_type") = "f16",
+             py::arg("device") = "", py::arg("kv_tokens") = 0, py::arg("block_size") = 32)
+        .def("step", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
+            StepArgs a = step_args(b, tokens, positions, seq_lens, tables);
+            const int n_vocab = b.scheduler().model().config().n_vocab;
+            py::array_t<float> out({py::ssize_t(a.n_seqs), py::ssize_t(n_vocab)});
+            float* o = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                b.step(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o);
+            }
+            return out;
+        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
+           "one step: sequence s has seq_lens[s] consecutive rows; returns [n_seqs, n_vocab] logits of each "
+           "sequence's last row")
+        .def("step_greedy", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
+            StepArgs a = step_args(b, tokens, positions, seq_lens, tables);
+            py::array_t<int32_t> out(py::ssize_t{a.n_seqs});
+            int32_t* o = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                b.step_greedy(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o);
+            }
+            return out;
+        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
+           "the same step; returns each sequence's argmax token")
+        .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"),
+             "copies a block's KV rows in every layer (copy-on-write)")
+        .def_property_readonly("n_blocks", &BatchRunner::n_blocks)
+        .def_property_readonly("block_size", &BatchRunner::block_size)
+        .def_property_readonly("max_blocks", &BatchRunner::max_blocks)
+        .def_property_readonly("n_ctx", [](BatchRunner& b) { return b.scheduler().n_ctx(); })
+        .def_property_readonly("n_vocab", [](BatchRunner& b) { return b.scheduler().model().config().n_vocab; })
+        .def_property_readonly("device", [](BatchRunner& b) { return b.scheduler().device(); })
+        .def_property_readonly("graph_builds", &BatchRunner::graph_builds);
+}
+
+}  // namespace minfer

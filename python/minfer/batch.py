@@ -1,0 +1,343 @@
+"""Many sequences at once: continuous batching over a paged KV cache.
+
+    from minfer.batch import Engine
+    with Engine("qwen2.5-coder-0.5b", threads=2, max_sequences=16) as eng:
+        handle = eng.submit("def fib(n):", max_tokens=64, temperature=0.7, seed=1)
+        for piece in handle:                       # streams as the tokens come
+            print(piece, end="", flush=True)
+        outs = eng.generate_batch(["a", "b", "c"], max_tokens=32)   # an offline job: Completions in order
+
+One thread, the engine's, runs steps; submit(), the handles and cancel() may be used from any thread.  A
+step takes one token from every sequence that is decoding and, in the budget of `step_tokens` left, chunks
+of the prompts still to be read, so a long prompt never stalls the streams already running.  New requests
+join at the next step; finished and cancelled ones leave at once.  Each sequence's KV lives in blocks of
+one pool (minfer.kv_blocks): a prompt that begins like an earlier one reuses its computed blocks, and when
+the pool runs out the newest sequence is preempted (its blocks freed, its tokens recomputed when blocks are
+free again: the same tokens come out).  On the CPU a sequence's greedy tokens do not depend on what else is
+in the batch: every kernel computes each row the same way at any batch size.
+"""
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from . import _minfer, engine, gguf, hub, tokenizer
+from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .kv_blocks import BlockPool, SeqBlocks
+from .stops import StopText
+
+_DONE = object()  # ends a handle's stream of pieces
+
+
+class Request:
+    """A submitted generation: iterate it for its text pieces, or wait for `result()`; `cancel()` stops it
+    before its next step."""
+
+    def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset):
+        self.prompt = list(ids)
+        self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
+        self.tokens: list[int] = []               # generated
+        self.metrics = Metrics(prompt_tokens=len(ids))
+        self.error: BaseException | None = None
+        self._pieces: queue.Queue = queue.Queue()
+        self._done = threading.Event()
+        self._cancel = threading.Event()
+        self._parts: list[str] = []
+        self.t_submit = time.perf_counter()
+        self.t_first: float | None = None
+        # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
+        self.blocks: SeqBlocks | None = None
+        self.n_kv = 0
+        self.admitted = False
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            piece = self._pieces.get()
+            if piece is _DONE:
+                if self.error is not None:
+                    raise self.error
+                return
+            yield piece
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """The finished Completion (waits; TimeoutError after `timeout` seconds)."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"the request did not finish in {timeout} s")
+        if self.error is not None:
+            raise self.error
+        return Completion("".join(self._parts), list(self.tokens), self.metrics)
+
+    # -- the engine's side --------------------------------------------------------------------------------
+    @property
+    def all_tokens(self) -> list[int]:
+        return self.prompt + self.tokens
+
+    def _send(self, piece: str) -> None:
+        if piece:
+            self._parts.append(piece)
+            self._pieces.put(piece)
+
+    def _finish(self, reason: str, error: BaseException | None = None) -> None:
+        m = self.metrics
+        m.stop_reason = reason
+        self.error = error
+        if error is None:
+            self._send(self.text.flush())
+        now = time.perf_counter()
+        if self.t_first is not None and m.generated_tokens > 1:
+            m.decode_tps = (m.generated_tokens - 1) / max(now - self.t_first, 1e-9)
+        self._done.set()
+        self._pieces.put(_DONE)
+
+
+class Engine:
+    """Continuous batching over one model: up to `max_sequences` sequences per step, their KV in a pool of
+    `kv_tokens` tokens (default: max_sequences full contexts, at most 65,536 tokens) in blocks of
+    `block_size`; a step reads at most `step_tokens` tokens."""
+
+    def __init__(self, model: str | engine.Model = hub.DEFAULT_MODEL, n_ctx: int | None = None,
+                 threads: int | None = None, backend: str = "cpu", kv_type: str = "f16", max_sequences: int = 16,
+                 kv_tokens: int | None = None, block_size: int = 32, step_tokens: int = 512):
+        if max_sequences < 1:
+            raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+        if step_tokens < max_sequences:
+            raise ValueError(f"step_tokens ({step_tokens}) must be at least max_sequences ({max_sequences})")
+        if isinstance(model, engine.Model):
+            raise TypeError("Engine takes a model name or path (it reads the tokenizer from the file)")
+        path = engine.resolve(model)
+        with gguf.open(path) as f:
+            self.tokenizer = tokenizer.from_gguf(f)
+        self._model = engine.Model(path)
+        n_ctx = n_ctx or 0
+        if kv_tokens is None:
+            per_seq = n_ctx or min(self._model.config["n_ctx_train"], 4096)
+            kv_tokens = max(per_seq, min(max_sequences * per_seq, 1 << 16))
+        self._runner = _minfer.BatchRunner(self._model, n_ctx=n_ctx, threads=threads or 0, kv_type=kv_type,
+                                           device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
+                                           block_size=block_size)
+        self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
+        self.max_sequences, self.step_tokens = max_sequences, step_tokens
+        self.pool = BlockPool(self._runner.n_blocks, self._runner.block_size)
+        self._waiting: collections.deque[Request] = collections.deque()
+        self._running: list[Request] = []   # admission order: the last is the newest (preempted first)
+        self._cv = threading.Condition()
+        self._closing = False
+        self.steps = 0
+        self.preemptions = 0
+        self._thread = threading.Thread(target=self._loop, name="minfer-batch", daemon=True)
+        self._thread.start()
+
+    # -- the API ------------------------------------------------------------------------------------------
+    def submit(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
+               parse_special: bool = False, **sampling) -> Request:
+        """Queues a request; returns its handle at once.  Bad parameters and prompts that can never fit are
+        errors here, before any work."""
+        check_request(max_tokens, sampling)
+        ids = self.tokenizer.encode(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if min(ids) < 0 or max(ids) >= self.n_vocab:
+            raise ValueError(f"token ids must be in [0, {self.n_vocab}); got {min(ids)}..{max(ids)}")
+        room = 1 if max_tokens else 0
+        if len(ids) + room > self.n_ctx:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; with {room} to generate it needs more "
+                                     f"than the context of {self.n_ctx}")
+        if self.pool.blocks_for(len(ids) + room) > self.pool.n_blocks:
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
+                                     f"{self.pool.n_blocks * self.pool.block_size}")
+        req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling), StopText(self.tokenizer, stop),
+                      self.tokenizer.special.eog)
+        for t in ids:  # the prompt counts for the repetition penalties
+            req.sampler.accept(t)
+        if max_tokens == 0:
+            req._finish("length")
+            return req
+        with self._cv:
+            if self._closing:
+                raise _minfer.MinferError("this engine is closed")
+            self._waiting.append(req)
+            self._cv.notify()
+        return req
+
+    def generate_batch(self, prompts: Sequence[str | Sequence[int]], max_tokens: int = 128,
+                       stop: Sequence[str] = (), **sampling) -> list[Completion]:
+        """Every prompt's Completion, in order (all are submitted at once and batched)."""
+        handles = [self.submit(p, max_tokens, stop, **sampling) for p in prompts]
+        return [h.result() for h in handles]
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def close(self) -> None:
+        """Cancels what is queued or running and stops the engine's thread."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify()
+        self._thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- the loop -----------------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closing and not self._waiting and not self._running:
+                    self._cv.wait()
+                if self._closing:
+                    for r in list(self._running) + list(self._waiting):
+                        self._release(r)
+                        r._finish("cancelled")
+                    self._running.clear()
+                    self._waiting.clear()
+                    return
+            batch: list[tuple[Request, int]] = []
+            try:
+                self._drop_cancelled()
+                self._admit()
+                batch = self._plan_step()
+                if batch:
+                    self._run_step(batch)
+            except Exception as e:  # the step's sequences fail with the error; the engine goes on
+                for r, _ in batch or [(r, 0) for r in self._running]:
+                    self._release(r)
+                    if r in self._running:
+                        self._running.remove(r)
+                    r._finish("error", e)
+
+    def _release(self, r: Request) -> None:
+        if r.blocks is not None:
+            self.pool.free(r.blocks)
+            r.blocks = None
+        r.n_kv = 0
+
+    def _drop_cancelled(self) -> None:
+        with self._cv:
+            for r in [r for r in self._waiting if r._cancel.is_set()]:
+                self._waiting.remove(r)
+                r._finish("cancelled")
+        for r in [r for r in self._running if r._cancel.is_set()]:
+            self._running.remove(r)
+            self._release(r)
+            r._finish("cancelled")
+
+    def _admit(self) -> None:
+        """Waiting requests (preempted ones first) join while there is room for them."""
+        while len(self._running) < self.max_sequences:
+            with self._cv:
+                if not self._waiting:
+                    return
+                r = self._waiting[0]
+                if not self.pool.can_allocate(r.all_tokens):
+                    if self._running:
+                        return  # it waits for blocks to come back
+                    self._waiting.popleft()  # alone it still does not fit: the pool is its context
+                    r._finish("context")
+                    continue
+                self._waiting.popleft()
+            r.blocks, r.n_kv = self.pool.allocate(r.all_tokens)
+            if not r.admitted:
+                r.metrics.cached_tokens = r.n_kv
+                r.admitted = True
+            self._running.append(r)
+
+    def _preempt(self) -> Request:
+        victim = self._running.pop()
+        self._release(victim)
+        self.preemptions += 1
+        with self._cv:
+            self._waiting.appendleft(victim)
+        return victim
+
+    def _plan_step(self) -> list[tuple[Request, int]]:
+        """(request, tokens it feeds) for this step: one per decoding sequence, then prompt chunks."""
+        decoding = [r for r in self._running if r.n_kv == len(r.all_tokens) - 1 and r.tokens]
+        for r in list(decoding):  # room for the token each will write: preempt the newest when out of blocks
+            if r not in self._running:
+                continue
+            toks = r.all_tokens
+            while r.blocks.n_tokens < len(toks) and not self.pool.can_append(r.blocks):
+                if self._preempt() is r:
+                    break
+            if r in self._running and r.blocks.n_tokens < len(toks):
+                copy = self.pool.append(r.blocks, toks)
+                if copy is not None:
+                    self._runner.copy_block(*copy)
+        batch = [(r, 1) for r in self._running if r in decoding]
+        budget = self.step_tokens - len(batch)
+        for r in self._running:
+            if budget <= 0:
+                break
+            left = len(r.all_tokens) - r.n_kv
+            if r in decoding or left <= 0:
+                continue
+            n = min(left, budget)
+            batch.append((r, n))
+            budget -= n
+        return batch
+
+    def _run_step(self, batch: list[tuple[Request, int]]) -> None:
+        runner = self._runner
+        tokens, positions, lens = [], [], []
+        tables = np.zeros((len(batch), runner.max_blocks), np.int32)
+        for i, (r, n) in enumerate(batch):
+            toks = r.all_tokens
+            tokens.extend(toks[r.n_kv:r.n_kv + n])
+            positions.extend(range(r.n_kv, r.n_kv + n))
+            lens.append(n)
+            tables[i, :len(r.blocks.table)] = r.blocks.table
+        args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
+        sampling = [r for r, n in batch if r.n_kv + n == len(r.all_tokens)]
+        greedy = all(r.sampler.greedy for r in sampling)
+        out = runner.step_greedy(*args) if greedy else runner.step(*args)
+        self.steps += 1
+        for i, (r, n) in enumerate(batch):
+            r.n_kv += n
+            self.pool.written(r.blocks, r.all_tokens, r.n_kv)
+            if r.n_kv == len(r.all_tokens):
+                self._take(r, int(out[i]) if greedy else r.sampler.sample(out[i]))
+
+    def _take(self, r: Request, tok: int) -> None:
+        """A sequence's next token: streamed, or the end of it."""
+        m = r.metrics
+        if r.t_first is None:
+            r.t_first = time.perf_counter()
+            m.ttft_s = r.t_first - r.t_submit
+        reason = None
+        if tok in r.eog:
+            reason = "stop"
+        else:
+            r.sampler.accept(tok)
+            r.tokens.append(tok)
+            m.generated_tokens += 1
+            r._send(r.text.push(tok))
+            if r.text.hit:
+                reason = "stop"
+            elif m.generated_tokens >= r.max_tokens:
+                reason = "length"
+            elif len(r.all_tokens) >= self.n_ctx:
+                reason = "context"
+        if reason is not None:
+            self._running.remove(r)
+            self._release(r)
+            r._finish(reason)

@@ -1,0 +1,325 @@
+"""Many sequences at once: the batch step (minfer._minfer.BatchRunner) against the same sequences run
+alone, paged attention against float64, the llama.cpp fixtures through the batch path, and the
+continuous-batching engine (minfer.batch.Engine): same tokens as one at a time, prefix caching,
+preemption, cancellation, 1,000 random requests, errors."""
+import threading
+
+import numpy as np
+import pytest
+
+import minfer
+from conftest import SYNTHETIC, real_model, shared_path, synthetic_model
+from logit_metrics import compare_topk
+from minfer import _minfer
+from minfer.batch import Engine
+
+TINY = "qwen2-tiny-q8_0"
+
+
+def tables_for(runner, lens, rng):
+    """Block tables for sequences of these lengths, over shuffled pool blocks (no two share one)."""
+    perm = rng.permutation(runner.n_blocks)
+    t = np.zeros((len(lens), runner.max_blocks), np.int32)
+    k = 0
+    for s, n in enumerate(lens):
+        nb = -(-n // runner.block_size)
+        t[s, :nb] = perm[k:k + nb]
+        k += nb
+    return t
+
+
+def alone(model, ids, n_ctx, kv_type="f16"):
+    """Each position's logits of one sequence on the single-sequence Session."""
+    return _minfer.Session(model, n_ctx=n_ctx, threads=2, kv_type=kv_type).eval(np.asarray(ids, np.int32), 0,
+                                                                              all_logits=True)
+
+
+@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
+@pytest.mark.parametrize("name", [TINY, "llama-tiny-f32"])
+def test_a_ragged_batch_equals_each_sequence_alone(name, kv_type, rng):
+    """Prompts of different lengths in one step, then decode steps of one token each (plus a prompt
+    joining mid-way): every sequence's logits are bit-identical to the sequence run alone."""
+    model = _minfer.Model(str(synthetic_model(name)))
+    runner = _minfer.BatchRunner(model, n_ctx=256, threads=2, kv_type=kv_type, kv_tokens=2048, block_size=16)
+    vocab = runner.n_vocab
+    seqs = [list(rng.integers(0, vocab, size=n)) for n in (5, 40, 17, 1)]
+    late = list(rng.integers(0, vocab, size=23))
+    tables = tables_for(runner, [120] * 5, rng)
+    lens = [len(s) for s in seqs]
+    out = runner.step(np.concatenate(seqs).astype(np.int32), np.concatenate([np.arange(n) for n in lens]).astype(np.int32),
+                      np.array(lens, np.int32), tables[:4])
+    for s, ids in enumerate(seqs):
+        assert np.array_equal(out[s], alone(model, ids, 256, kv_type)[-1]), s
+    for step in range(3):  # decode: one token per sequence; the fifth sequence's prompt joins at step 1
+        nxt = [int(o.argmax()) for o in out]
+        for s, t in enumerate(nxt[:4]):
+            seqs[s].append(t)
+        rows, pos, lens = [s[-1] for s in seqs], [len(s) - 1 for s in seqs], [1] * 4
+        n_seqs = 4
+        if step == 1:
+            rows, pos, lens, n_seqs = rows + late, pos + list(range(len(late))), lens + [len(late)], 5
+        out = runner.step(np.array(rows, np.int32), np.array(pos, np.int32), np.array(lens, np.int32), tables[:n_seqs])
+        for s in range(n_seqs):
+            ids = seqs[s] if s < 4 else late
+            assert np.array_equal(out[s], alone(model, ids, 256, kv_type)[-1]), (step, s)
+        if n_seqs == 5:  # late's first decode would go here; it stays a 5th prompt-only sequence
+            out = out[:4]
+    greedy = runner.step_greedy(np.array([s[-1] for s in seqs], np.int32), np.array([len(s) - 1 for s in seqs], np.int32),
+                                np.ones(4, np.int32), tables[:4])
+    assert list(greedy) == [int(alone(model, s, 256, kv_type)[-1].argmax()) for s in seqs]
+
+
+@pytest.mark.parametrize("ids", ["ids16", "ids200"])
+@pytest.mark.parametrize("name", SYNTHETIC)
+def test_llamacpp_fixtures_through_the_batch_path(name, ids, rng):
+    """The fixture's prompt and decode steps, each in a batch step beside another sequence, against
+    llama.cpp's logits with the bounds of test_llamacpp_synthetic."""
+    fx = np.load(shared_path("fixtures", "llamacpp", "synthetic", f"{name}__{ids}.npz"))
+    tol = 5e-3 if name.endswith(("f32", "f16")) else 3e-2
+    model = _minfer.Model(str(synthetic_model(name)))
+    runner = _minfer.BatchRunner(model, n_ctx=512, threads=2, kv_tokens=1024, block_size=32)
+    prompt = [int(t) for t in fx["prompt_ids"]]
+    other = list(rng.integers(0, runner.n_vocab, size=9))
+    tables = tables_for(runner, [300, 300], rng)
+    out = runner.step(np.array(other + prompt, np.int32), np.array(list(range(9)) + list(range(len(prompt))), np.int32),
+                      np.array([9, len(prompt)], np.int32), tables)
+    assert np.abs(out[1] - fx["last_logits"]).max() <= tol
+    dec = []
+    for k, g in enumerate(fx["gen_ids"]):
+        out = runner.step(np.array([int(out[0].argmax()), int(g)], np.int32), np.array([9 + k, len(prompt) + k], np.int32),
+                          np.array([1, 1], np.int32), tables)
+        dec.append(out[1])
+    dm = compare_topk(np.stack(dec), fx["decode_topk_ids"], fx["decode_topk_logits"], fx["decode_lse"])
+    assert dm["max_abs"] <= tol, dm
+
+
+@pytest.mark.parametrize("backend", ["cpu", "reference"])
+@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+def test_paged_attention_against_float64(rng, backend, kv_type):
+    """KvStore at pool rows and Attn through block tables (two sequences, scattered blocks of 16, a
+    prefill chunk of one and a decode row of the other) against softmax attention in float64 over the
+    rows the test placed itself."""
+    model = _minfer.Model(str(synthetic_model(TINY)))
+    sess = _minfer.Session(model, threads=2)
+    n_head, n_head_kv, hd, bs, n_blocks, max_blocks = 8, 2, 64, 16, 12, 4
+    kv_dim = n_head_kv * hd
+    # sequence 0: 40 keys already stored (positions 0..39), a decode row at 40; sequence 1: a chunk of 5
+    # rows at positions 20..24 over 20 stored keys
+    tables = np.array([[7, 2, 9, 0], [4, 11, 0, 0]], np.int32)
+
+    def slot(s, p):
+        return tables[s, p // bs] * bs + p % bs
+    K = (rng.standard_normal((n_blocks * bs, kv_dim)) * 2).astype(np.float32)
+    V = rng.standard_normal((n_blocks * bs, kv_dim)).astype(np.float32)
+    if kv_type == "f16":
+        K, V = K.astype(np.float16).astype(np.float32), V.astype(np.float16).astype(np.float32)
+    rows = [(0, 40)] + [(1, p) for p in range(20, 25)]
+    n = len(rows)
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    # the step stores every row's own k, v; earlier keys are stored by a first step over all of them
+    past = [(0, p) for p in range(40)] + [(1, p) for p in range(20)]
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=hd, kv_type=kv_type, n_ctx=n_blocks * bs,
+                attn_scale=float(1 / np.sqrt(hd)), layer=0, block_size=bs)
+    every = past + rows
+    k_all = np.stack([K[slot(s, p)] for s, p in every])
+    v_all = np.stack([V[slot(s, p)] for s, p in every])
+    slots = np.array([[slot(s, p)] for s, p in every], np.int32)
+    pos = np.array([[p] for s, p in every], np.int32)
+    seq = np.array([[s] for s, p in every], np.int32)
+    q_all = np.zeros((len(every), n_head * hd), np.float32)
+    q_all[len(past):] = q
+    # rows sequence by sequence: reorder so each sequence's rows are contiguous
+    order = sorted(range(len(every)), key=lambda i: every[i][0])
+    inputs = [q_all[order], k_all[order], v_all[order], slots[order], pos[order], seq[order], tables]
+    N = len(every)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=N, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 7, 5, 6], rows=N, cols=n_head * hd, meta=meta)]
+    out = sess.run_ops(backend, inputs, nodes)[-1]
+    g = n_head // n_head_kv
+    for oi, i in enumerate(order):
+        if i < len(past):
+            continue
+        s, p = every[i]
+        for h in range(n_head):
+            kh = slice((h // g) * hd, (h // g + 1) * hd)
+            keys = np.stack([K[slot(s, j), kh] for j in range(p + 1)]).astype(np.float64)
+            vals = np.stack([V[slot(s, j), kh] for j in range(p + 1)]).astype(np.float64)
+            sc = keys @ q_all[i, h * hd:(h + 1) * hd].astype(np.float64) / np.sqrt(hd)
+            w = np.exp(sc - sc.max())
+            w /= w.sum()
+            assert np.allclose(out[oi, h * hd:(h + 1) * hd], w @ vals, atol=2e-5, rtol=1e-5), (s, p, h)
+
+
+def test_bad_steps_are_refused(rng):
+    model = _minfer.Model(str(synthetic_model(TINY)))
+    runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=256, block_size=16)
+    t = np.zeros((2, runner.max_blocks), np.int32)
+    t[0, 0], t[1, 0] = 1, 2
+    ok = dict(tokens=np.array([1, 2, 3], np.int32), positions=np.array([0, 1, 0], np.int32),
+              seq_lens=np.array([2, 1], np.int32), tables=t)
+    runner.step(**ok)
+    with pytest.raises(ValueError, match="add up to"):
+        runner.step(**{**ok, "seq_lens": np.array([1, 1], np.int32)})
+    with pytest.raises(ValueError, match="tables must be"):
+        runner.step(**{**ok, "tables": t[:, :2]})
+    with pytest.raises(minfer.MinferError, match="outside the context"):
+        runner.step(**{**ok, "positions": np.array([0, 64, 0], np.int32)})
+    bad = t.copy()
+    bad[1, 0] = runner.n_blocks
+    with pytest.raises(minfer.MinferError, match="outside the pool"):
+        runner.step(**{**ok, "tables": bad})
+    shared = t.copy()
+    shared[1, 0] = 1  # both sequences write row 0 of block 1
+    with pytest.raises(minfer.MinferError, match="same KV row"):
+        runner.step(**{**ok, "tables": shared})
+    with pytest.raises(minfer.MinferError, match="token id"):
+        runner.step(**{**ok, "tokens": np.array([1, -4, 3], np.int32)})
+    with pytest.raises(minfer.MinferError, match="block_size"):
+        _minfer.BatchRunner(model, n_ctx=64, kv_tokens=256, block_size=24)
+
+
+def test_copy_block_makes_an_equal_copy(rng):
+    """A sequence read through a copied block (copy-on-write) gives the logits it gave through the original."""
+    model = _minfer.Model(str(synthetic_model(TINY)))
+    runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=256, block_size=16)
+    ids = rng.integers(0, runner.n_vocab, size=20).astype(np.int32)
+    t = np.zeros((1, runner.max_blocks), np.int32)
+    t[0, :2] = [3, 5]
+    runner.step(ids, np.arange(20, dtype=np.int32), np.array([20], np.int32), t)
+    nxt = np.array([7], np.int32)
+    a = runner.step(nxt, np.array([20], np.int32), np.array([1], np.int32), t)
+    runner.copy_block(5, 9)
+    t2 = t.copy()
+    t2[0, 1] = 9
+    b = runner.step(nxt, np.array([20], np.int32), np.array([1], np.int32), t2)
+    assert np.array_equal(a, b)
+
+
+# ---- the engine --------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_path():
+    return str(synthetic_model(TINY))
+
+
+@pytest.fixture(scope="module")
+def tiny_alone(tiny_path):
+    with minfer.LLM(tiny_path, n_ctx=256, threads=2) as llm:
+        yield llm
+
+
+def prompts_for(llm, n, rng, lo=1, hi=60):
+    return [list(map(int, rng.integers(0, llm.n_vocab, size=int(rng.integers(lo, hi))))) for _ in range(n)]
+
+
+def test_engine_greedy_equals_one_at_a_time(tiny_path, tiny_alone, rng):
+    prompts = prompts_for(tiny_alone, 10, rng)
+    expected = [tiny_alone.generate(p, max_tokens=20).tokens for p in prompts]
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4, step_tokens=64) as eng:
+        outs = eng.generate_batch(prompts, max_tokens=20)
+        assert eng.steps < sum(len(o.tokens) for o in outs)  # batched: fewer steps than tokens
+        assert eng.pool.n_free == eng.pool.n_blocks
+    assert [o.tokens for o in outs] == expected
+    assert all(o.metrics.stop_reason in ("length", "stop") for o in outs)
+
+
+def test_engine_sampling_is_reproducible_and_independent_of_the_batch(tiny_path, tiny_alone, rng):
+    prompts = prompts_for(tiny_alone, 6, rng)
+    params = dict(max_tokens=16, temperature=0.9, top_k=40, seed=11)
+    with Engine(tiny_path, n_ctx=128, threads=2, max_sequences=6) as eng:
+        together = [o.tokens for o in eng.generate_batch(prompts, **params)]
+        one_by_one = [eng.submit(p, **params).result().tokens for p in prompts]
+    assert together == one_by_one
+
+
+def test_prefix_caching_skips_the_shared_prompt(tiny_path, tiny_alone, rng):
+    system = list(map(int, rng.integers(0, tiny_alone.n_vocab, size=100)))
+    tails = prompts_for(tiny_alone, 4, rng, 3, 10)
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4, block_size=16) as eng:
+        first = eng.submit(system + tails[0], max_tokens=8).result()
+        rest = [eng.submit(system + t, max_tokens=8) for t in tails[1:]]
+        rest = [h.result() for h in rest]
+    assert first.metrics.cached_tokens == 0
+    assert all(r.metrics.cached_tokens == 96 for r in rest)  # six full blocks of 16
+    assert [r.tokens for r in [first] + rest] == [tiny_alone.generate(system + t, max_tokens=8).tokens for t in tails]
+
+
+def test_preemption_recomputes_and_gives_the_same_tokens(tiny_path, tiny_alone, rng):
+    """A pool of 10 blocks of 16 for 4 sequences that each grow to ~70 tokens: some are preempted and
+    resumed, and every sequence's greedy tokens are the ones it produces alone."""
+    prompts = prompts_for(tiny_alone, 4, rng, 30, 40)
+    expected = [tiny_alone.generate(p, max_tokens=40).tokens for p in prompts]
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4, kv_tokens=160, block_size=16) as eng:
+        outs = eng.generate_batch(prompts, max_tokens=40)
+        assert eng.preemptions > 0
+        assert eng.pool.n_free == eng.pool.n_blocks
+    assert [o.tokens for o in outs] == expected
+
+
+def test_cancel_mid_batch(tiny_path, tiny_alone, rng):
+    prompts = prompts_for(tiny_alone, 4, rng, 1, 40)  # room for 200 tokens in the context of 256
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4) as eng:
+        hs = [eng.submit(p, max_tokens=200, logit_bias={t: -1e9 for t in tiny_alone.tokenizer.special.eog})
+              for p in prompts]
+        pieces = iter(hs[1])
+        next(pieces)
+        hs[1].cancel()
+        list(pieces)  # the stream ends
+        others = [h.result(timeout=60) for h in (hs[0], hs[2], hs[3])]
+        assert hs[1].result().metrics.stop_reason == "cancelled"
+        assert len(hs[1].result().tokens) < 200
+        assert all(o.metrics.stop_reason == "length" and len(o.tokens) == 200 for o in others)
+        assert eng.running == 0 and eng.pool.n_free == eng.pool.n_blocks
+
+
+def test_a_thousand_random_requests(tiny_path, rng):
+    """1,000 requests of random lengths arriving at random times from 4 threads, some cancelled, over a
+    pool small enough to preempt: every handle finishes, none is lost, all blocks come back."""
+    with Engine(tiny_path, n_ctx=128, threads=2, max_sequences=16, kv_tokens=512, block_size=16,
+                step_tokens=128) as eng:
+        handles, lock = [], threading.Lock()
+        seeds = rng.integers(0, 1 << 31, size=4)
+
+        def client(seed):
+            r = np.random.default_rng(int(seed))
+            for _ in range(250):
+                p = list(map(int, r.integers(0, eng.n_vocab, size=int(r.integers(1, 40)))))
+                h = eng.submit(p, max_tokens=int(r.integers(1, 12)), temperature=float(r.random()), seed=int(r.integers(1 << 30)))
+                if r.random() < 0.05:
+                    h.cancel()
+                with lock:
+                    handles.append(h)
+                if r.random() < 0.3:
+                    threading.Event().wait(float(r.random()) * 0.01)
+        threads = [threading.Thread(target=client, args=(s,)) for s in seeds]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        results = [h.result(timeout=600) for h in handles]
+        assert len(results) == 1000
+        assert all(r.metrics.stop_reason in ("length", "stop", "cancelled") for r in results)
+        assert all(0 < len(r.tokens) <= 11 or r.metrics.stop_reason != "length" for r in results)
+        assert eng.running == 0 and eng.waiting == 0
+        assert eng.pool.n_free == eng.pool.n_blocks and all(c == 0 for c in eng.pool.refs)
+
+
+def test_engine_errors_are_clear(tiny_path):
+    with Engine(tiny_path, n_ctx=128, threads=2, max_sequences=2, kv_tokens=64, block_size=16) as eng:
+        with pytest.raises(minfer.ContextLengthError, match="context of 128"):
+            eng.submit(list(range(200)))
+        with pytest.raises(minfer.ContextLengthError, match="the KV pool holds 64"):
+            eng.submit(list(range(100)))
+        with pytest.raises(TypeError, match="unknown sampling"):
+            eng.submit("hi", temprature=1)
+        with pytest.raises(ValueError, match="temperature"):
+            eng.submit("hi", temperature=-1)
+        with pytest.raises(ValueError, match="empty"):
+            eng.submit([])
+        # a sequence that outgrows the whole pool ends with "context" instead of waiting forever
+        r = eng.submit(list(range(1, 40)), max_tokens=60, logit_bias={t: -1e9 for t in eng.tokenizer.special.eog}).result(60)
+        assert r.metrics.stop_reason == "context"
+    with pytest.raises(ValueError, match="max_sequences"):
+        Engine(tiny_path, max_sequences=0)
+    with pytest.raises(minfer.MinferError, match="closed"):
+        eng.submit("hi")
