@@ -323,3 +323,28 @@ def test_engine_errors_are_clear(tiny_path):
         Engine(tiny_path, max_sequences=0)
     with pytest.raises(minfer.MinferError, match="closed"):
         eng.submit("hi")
+
+
+def test_llm_calls_from_threads_run_batched(tiny_path, tiny_alone, rng):
+    prompts = prompts_for(tiny_alone, 6, rng)
+    expected = [tiny_alone.generate(p, max_tokens=16).tokens for p in prompts]
+    with minfer.LLM(tiny_path, n_ctx=256, threads=2, max_sequences=6) as llm:
+        got = [None] * len(prompts)
+        streamed = [None] * len(prompts)
+
+        def call(i):
+            if i % 2:
+                got[i] = llm.generate(prompts[i], max_tokens=16).tokens
+            else:
+                streamed[i] = "".join(llm.stream(prompts[i], max_tokens=16))
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(prompts))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert llm._engine.steps < sum(len(e) for e in expected)  # the calls shared steps
+    for i, e in enumerate(expected):
+        if i % 2:
+            assert got[i] == e
+        else:
+            assert streamed[i] == tiny_alone.detokenize(e)

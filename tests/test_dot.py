@@ -85,6 +85,7 @@ def test_rows_match_dot(isa, t, rng):
             want = [vec_dot(t, w, a[k], isa) for k in range(8)]
             assert native.vec_dot_rows(t, w, a, isa) == want, f"{t.name} n={n}: 8 tokens"
             assert native.vec_dot_rows(t, w, a[4:], isa) == want[4:], f"{t.name} n={n}: 4 tokens"
+            assert native.vec_dot_rows(t, w, a[5:7], isa) == want[5:7], f"{t.name} n={n}: 2 tokens"
             assert native.vec_dot_rows(t, w, a[2], isa) == want[2:3], f"{t.name} n={n}: 1 token"
 
 
@@ -153,7 +154,7 @@ TILE4 = [("avx2", T.Q4_K), ("avx2", T.Q5_0), ("avx2", T.Q6_K), ("avx512", T.Q4_K
 @pytest.mark.parametrize("isa,t", TILE4, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_tile4_matches_dot(isa, t, rng):
     """The GEMM's four-row unit (the tiles; AVX2's Q6_K four-row decode kernel) gives each
-    row's single-token result bit for bit, at 1 (decode's four-row kernel), 4 and 8 tokens: the GEMM may
+    row's single-token result bit for bit, at 1 (decode's four-row kernel), 2, 4 and 8 tokens: the GEMM may
     cut rows into tiles or not without changing a logit."""
     require_isa(isa)
     assert native.has_dot_tile4(t, isa), f"{t.name} lost its {isa} tile kernel"
@@ -165,13 +166,14 @@ def test_tile4_matches_dot(isa, t, rng):
             want = np.array([[vec_dot(t, w[r], a[k], isa) for r in range(4)] for k in range(8)], np.float32)
             assert np.array_equal(native.vec_dot_tile4(t, w, a, isa), want), f"{t.name} n={n}: 8 tokens"
             assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], isa), want[4:]), f"{t.name} n={n}: 4 tokens"
+            assert np.array_equal(native.vec_dot_tile4(t, w, a[5:7], isa), want[5:7]), f"{t.name} n={n}: 2 tokens"
             assert np.array_equal(native.vec_dot_tile4(t, w, a[2], isa), want[2:3]), f"{t.name} n={n}: 1 token"
 
 
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K], ids=lambda t: t.name)
 def test_vnni_kernels_match_avx2(t, rng):
     """The AVX-512 build runs AVX2's four-row units with vpdpbusd / vpdpwssd in place of vpmaddubsw + vpmaddwd
-    where several tokens share a weight block: the integers are the same, so every unit (1, 4, 8 tokens) and
+    where several tokens share a weight block: the integers are the same, so every unit (1, 2, 4, 8 tokens) and
     the single dot give AVX2's bits, and an AVX-512 machine computes the logits an AVX2 one does."""
     require_isa("avx2")
     require_isa("avx512")
@@ -181,10 +183,10 @@ def test_vnni_kernels_match_avx2(t, rng):
             x = (rng.standard_normal((8, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
             a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(8)])
             if native.has_dot_tile4(t, "avx512"):
-                for rows in (a, a[4:], a[2]):
+                for rows in (a, a[4:], a[5:7], a[2]):
                     assert np.array_equal(native.vec_dot_tile4(t, w, rows, "avx512"),
                                           native.vec_dot_tile4(t, w, rows, "avx2")), f"{t.name} n={n}: {rows.shape}"
-            for rows in (a, a[4:], a[2]):
+            for rows in (a, a[4:], a[5:7], a[2]):
                 assert native.vec_dot_rows(t, w[0], rows, "avx512") == native.vec_dot_rows(t, w[0], rows, "avx2"), \
                     f"{t.name} n={n}: {rows.shape}"
             assert vec_dot(t, w[1], a[3], "avx512") == vec_dot(t, w[1], a[3], "avx2"), f"{t.name} n={n}"

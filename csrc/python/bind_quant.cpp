@@ -99,12 +99,12 @@ void bind_quant(py::module_& m) {
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
 
     m.def("vec_dot_rows", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // a: 1, 4 or 8 activation rows, contiguous; the GEMM's unit kernel with its scale side array
+        // a: 1, 2, 4 or 8 activation rows, contiguous; the GEMM's unit kernel with its scale side array
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n = values_in(type, wb.n, "vec_dot_rows weights");
         int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_rows activations");
-        if (na != n && na != 4 * n && na != 8 * n)
-            throw MinferError(strfmt("vec_dot_rows: weights hold %lld values, activations %lld (want 1x, 4x or 8x)", (long long)n, (long long)na));
+        if (na != n && na != 2 * n && na != 4 * n && na != 8 * n)
+            throw MinferError(strfmt("vec_dot_rows: weights hold %lld values, activations %lld (want 1x, 2x, 4x or 8x)", (long long)n, (long long)na));
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!k.rows[type]) throw MinferError(strfmt("vec_dot_rows: no %s rows kernel for %s", isa_name(k.isa), type_traits(type).name));
@@ -116,12 +116,12 @@ void bind_quant(py::module_& m) {
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
     m.def("vec_dot_tile4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // w: 4 weight rows, contiguous; a: 1, 4 or 8 activation rows; out[token][row]
+        // w: 4 weight rows, contiguous; a: 1, 2, 4 or 8 activation rows; out[token][row]
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n4 = values_in(type, wb.n, "vec_dot_tile4 weights"), n = n4 / 4;
         int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_tile4 activations");
-        if (n4 % 4 || n % type_traits(type).block_size || (na != n && na != 4 * n && na != 8 * n))
-            throw MinferError(strfmt("vec_dot_tile4: weights hold %lld values (4 rows), activations %lld (want 1, 4 or 8 rows)", (long long)n4, (long long)na));
+        if (n4 % 4 || n % type_traits(type).block_size || (na != n && na != 2 * n && na != 4 * n && na != 8 * n))
+            throw MinferError(strfmt("vec_dot_tile4: weights hold %lld values (4 rows), activations %lld (want 1, 2, 4 or 8 rows)", (long long)n4, (long long)na));
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
         if (!k.tile4[type]) throw MinferError(strfmt("vec_dot_tile4: no %s tile kernel for %s", isa_name(k.isa), type_traits(type).name));

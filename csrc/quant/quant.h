@@ -41,7 +41,7 @@ static inline int q3_K_scale(const uint8_t* s, int j) {
 // vec_dot_type(weight type).
 typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 
-// The GEMM's unit: one weight row against n_tok (1, 4 or 8) activation rows
+// The GEMM's unit: one weight row against n_tok (1, 2, 4 or 8) activation rows
 // `stride` bytes apart, into out[0..n_tok).  `scales` holds what
 // act_scales() makes of each activation row (its f16 block scales in f32, so
 // they are converted once per matrix, not once per weight row), rows
@@ -49,7 +49,7 @@ typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t stride, const float* scales,
                                 size_t scales_stride, int n_tok, float* out);
 // The GEMM's wider unit, where an ISA has one: four weight rows
-// (`w_stride` bytes apart) against n_tok (1, 4 or 8) activation rows, into
+// (`w_stride` bytes apart) against n_tok (1, 2, 4 or 8) activation rows, into
 // out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
 // and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
 // tiling picks never changes a result.  `stream`: this is the caller's first

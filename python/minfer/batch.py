@@ -26,7 +26,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from . import _minfer, engine, gguf, hub, tokenizer
+from . import _minfer, engine, gguf, hub, tokenizer as tokenizer_mod
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
 from .kv_blocks import BlockPool, SeqBlocks
 from .stops import StopText
@@ -109,7 +109,7 @@ class Engine:
 
     def __init__(self, model: str | engine.Model = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "cpu", kv_type: str = "f16", max_sequences: int = 16,
-                 kv_tokens: int | None = None, block_size: int = 32, step_tokens: int = 512):
+                 kv_tokens: int | None = None, block_size: int = 32, step_tokens: int = 512, tokenizer=None):
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         if step_tokens < max_sequences:
@@ -117,8 +117,10 @@ class Engine:
         if isinstance(model, engine.Model):
             raise TypeError("Engine takes a model name or path (it reads the tokenizer from the file)")
         path = engine.resolve(model)
-        with gguf.open(path) as f:
-            self.tokenizer = tokenizer.from_gguf(f)
+        if tokenizer is None:
+            with gguf.open(path) as f:
+                tokenizer = tokenizer_mod.from_gguf(f)
+        self.tokenizer = tokenizer
         self._model = engine.Model(path)
         n_ctx = n_ctx or 0
         if kv_tokens is None:

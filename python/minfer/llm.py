@@ -26,7 +26,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import _minfer, chat as chat_mod, engine, gguf, hub, tokenizer
+from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
 from .stops import StopText
 
@@ -42,10 +42,15 @@ GREEDY_CHUNK = 16
 
 
 class LLM:
+    """max_sequences > 1: calls from several threads run batched (minfer.batch.Engine: continuous batching
+    over a paged KV cache) instead of one after another."""
+
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
-                 threads: int | None = None, backend: str = "auto", kv_type: str = "f16"):
+                 threads: int | None = None, backend: str = "auto", kv_type: str = "f16", max_sequences: int = 1):
         if backend not in ("auto", "cpu", "cuda", "metal"):
             raise ValueError(f"backend must be 'auto', 'cpu', 'cuda' or 'metal', got {backend!r}")
+        if max_sequences < 1:
+            raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)
@@ -53,6 +58,11 @@ class LLM:
         self._model = engine.Model(self.path)
         self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type,
                                        device="" if backend == "auto" else backend)
+        self._engine = None
+        if max_sequences > 1:
+            self._engine = batch.Engine(self.path, n_ctx=self._session.n_ctx, threads=threads, backend=backend,
+                                        kv_type=kv_type, max_sequences=max_sequences, tokenizer=self.tokenizer)
+        self._handles: set = set()      # the engine's requests in flight (cancel() stops them)
         self._template = self._file.metadata.get("tokenizer.chat_template")
         self._n_vocab = self._model.config["n_vocab"]
         self._cached: list[int] = []    # tokens whose K/V sit in the cache at positions 0..len-1
@@ -86,11 +96,17 @@ class LLM:
             return out
 
     def cancel(self) -> None:
-        """Stop the generation in progress (from any thread) before its next token."""
+        """Stop the generation in progress (from any thread) before its next token: every one in flight,
+        with max_sequences > 1."""
         self._cancel.set()
+        for h in list(self._handles):
+            h.cancel()
 
     def close(self) -> None:
         """Free the session (KV cache, buffers) and the file mapping."""
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         with self._lock:
             self._session = None
             self._model = None
@@ -157,8 +173,29 @@ class LLM:
             ids = list(prompt)
         self._live()
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
+        if self._engine is not None:
+            return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
         sampler = make_sampler(self.n_vocab, sampling)  # ValueError naming a bad parameter, before any work
         return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out)
+
+
+class _Submitted:
+    """A call that runs in the batch engine: its pieces as the engine streams them."""
+
+    def __init__(self, llm: LLM, handle, tokens_out: list):
+        self.llm, self.handle, self.tokens = llm, handle, tokens_out
+        self.metrics = handle.metrics
+
+    def __iter__(self):
+        self.llm._handles.add(self.handle)
+        try:
+            yield from self.handle
+        finally:
+            self.llm._handles.discard(self.handle)
+            if not self.handle.done:  # the caller stopped reading
+                self.handle.cancel()
+            self.tokens.extend(self.handle.tokens)
+            self.llm.last_metrics = self.metrics
 
 
 class _Generation:

@@ -75,10 +75,10 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const vec_dot_tile4_fn tile4 = kernels.tile4[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
-        // eight, then four tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
+        // eight, four, then two tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
         // four weight rows at a time where it has a tile kernel (the same bits either way).  The first pass
         // over the task's rows reads them from memory: the tile kernel prefetches the next four rows then.
-        for (int step : {8, 4, 1})
+        for (int step : {8, 4, 2, 1})
             for (; rows && t + step <= t1; t += step) {
                 const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
                 const float* sp = a.sc.data() + t * a.n_sc;

@@ -1,0 +1,167 @@
+"""Many sequences at once, beside llama.cpp's llama-batched-bench on the same file and threads.
+
+    python benchmarks/bench_batched.py -m qwen2.5-coder-0.5b -t 2 --npp 128 --ntg 64 --npl 1,2,4,8,16 \
+        --llama-batched-bench /path/to/llama-batched-bench [--e2e 8]
+
+For each batch size B, as llama-batched-bench measures it: B prompts of P tokens are read in steps of at
+most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
+S is all B*(P+T) tokens over all the time.  minfer runs the batch step (BatchRunner) directly, greedy, its
+KV in one pool.  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
+over its time, against the machine's streaming-read rate (`roof`).  --e2e B: B requests sent at once from B threads through LLM(max_sequences=B) (tokenizing,
+scheduling, sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's
+B*T / T for the same B.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import threading
+import time
+
+import numpy as np
+
+from minfer import _minfer, engine, gguf, quants
+
+UBATCH = 512
+
+
+def weight_bytes(path: str) -> int:
+    with gguf.open(path) as f:
+        return sum(t.data.nbytes for t in f.tensors.values())
+
+
+def kv_bytes_per_token(model) -> int:
+    c = model.config
+    return 2 * c["n_layer"] * c["n_head_kv"] * c["head_dim"] * 2  # f16 K and V
+
+
+def run_minfer(runner, P: int, T: int, B: int) -> dict:
+    vocab = runner.n_vocab
+    rng = np.random.default_rng(B)
+    prompts = rng.integers(100, min(vocab, 30000), size=(B, P)).astype(np.int32)
+    bs, mb = runner.block_size, runner.max_blocks
+    per_seq = -(-(P + T) // bs)
+    tables = np.zeros((B, mb), np.int32)
+    for s in range(B):
+        tables[s, :per_seq] = np.arange(s * per_seq, (s + 1) * per_seq)
+    # prompts: rows packed into steps of <= UBATCH tokens (a sequence may span two steps)
+    t0 = time.perf_counter()
+    done = [0] * B
+    s = 0
+    while s < B:
+        toks, pos, lens, seqs = [], [], [], []
+        room = UBATCH
+        while s < B and room > 0:
+            n = min(P - done[s], room)
+            toks.extend(prompts[s, done[s]:done[s] + n])
+            pos.extend(range(done[s], done[s] + n))
+            lens.append(n)
+            seqs.append(s)
+            done[s] += n
+            room -= n
+            if done[s] == P:
+                s += 1
+        last = runner.step_greedy(np.array(toks, np.int32), np.array(pos, np.int32), np.array(lens, np.int32),
+                                  tables[seqs])
+    t_pp = time.perf_counter() - t0
+    nxt = np.full(B, int(last[-1]), np.int32)
+    ones = np.ones(B, np.int32)
+    t0 = time.perf_counter()
+    for k in range(T):
+        nxt = runner.step_greedy(nxt, np.full(B, P + k, np.int32), ones, tables)
+    t_tg = time.perf_counter() - t0
+    return dict(t_pp=t_pp, t_tg=t_tg, s_pp=B * P / t_pp, s_tg=B * T / t_tg, s=B * (P + T) / (t_pp + t_tg))
+
+
+def run_llama(exe: str, path: str, threads: int, P: int, T: int, npl: list[int], ctx: int, extra: list[str]) -> dict:
+    cmd = [exe, "-m", path, "-c", str(ctx), "-b", str(UBATCH), "-ub", str(UBATCH), "-t", str(threads),
+           "-npp", str(P), "-ntg", str(T), "-npl", ",".join(map(str, npl))] + extra
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 10 and re.fullmatch(r"\d+", cells[0] or "x"):
+            pp, tg, b, _, t_pp, s_pp, t_tg, s_tg, t, s = cells
+            rows[int(b)] = dict(t_pp=float(t_pp), s_pp=float(s_pp), t_tg=float(t_tg), s_tg=float(s_tg), t=float(t),
+                                s=float(s))
+    return rows
+
+
+def run_e2e(path: str, threads: int, P: int, T: int, B: int) -> float:
+    from minfer import LLM
+
+    with LLM(path, threads=threads, backend="cpu", max_sequences=B, n_ctx=P + T + 16) as llm:
+        rng = np.random.default_rng(1)
+        prompts = [list(map(int, rng.integers(100, 30000, size=P))) for _ in range(B)]
+        no_eog = {t: -1e9 for t in llm.tokenizer.special.eog}
+        llm.generate(prompts[0][:8], max_tokens=2)  # warm-up
+        outs = [None] * B
+
+        def call(i):
+            outs[i] = llm.generate(prompts[i], max_tokens=T, logit_bias=no_eog)
+        ths = [threading.Thread(target=call, args=(i,)) for i in range(B)]
+        t0 = time.perf_counter()
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+        dt = time.perf_counter() - t0
+    assert all(len(o.tokens) == T for o in outs)
+    return B * T / dt
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--npp", type=int, default=128)
+    ap.add_argument("--ntg", type=int, default=64)
+    ap.add_argument("--npl", default="1,2,4,8,16")
+    ap.add_argument("--llama-batched-bench", default="")
+    ap.add_argument("--llama-args", default="", help="extra llama-batched-bench arguments, e.g. '-ngl 99 -fa on'")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--e2e", type=int, default=0, help="also the end-to-end LLM run at this B")
+    a = ap.parse_args()
+    path = engine.resolve(a.model)
+    npl = [int(x) for x in a.npl.split(",")]
+    P, T = a.npp, a.ntg
+    ctx = max(npl) * (P + T) + 64
+    print(f"# {path}, {a.threads} threads, P={P} T={T}, {time.strftime('%Y-%m-%d %H:%M')}")
+    llama = run_llama(a.llama_batched_bench, path, a.threads, P, T, npl, ctx, a.llama_args.split()) \
+        if a.llama_batched_bench else {}
+    model = engine.Model(path)
+    wbytes = weight_bytes(path)
+    kvt = kv_bytes_per_token(model)
+    roof = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(a.threads)) if a.device == "cpu" else 0.0
+    runner = _minfer.BatchRunner(model, n_ctx=P + T + 16, threads=a.threads, device=a.device,
+                                 kv_tokens=max(npl) * (P + T + 32), block_size=32)
+    hdr = f"{'B':>3} | {'S_PP':>8} {'S_TG':>8} {'S':>8} | {'llama S_PP':>10} {'S_TG':>8} {'S':>8} | " \
+          f"{'PP x':>5} {'TG x':>5} {'S x':>5} | decode GB/s  roof"
+    print(hdr)
+    print("-" * len(hdr))
+    results = {}
+    for B in npl:
+        r = run_minfer(runner, P, T, B)
+        results[B] = r
+        step = r["t_tg"] / T
+        gbs = (wbytes + B * (P + T / 2) * kvt) / step / 1e9
+        l = llama.get(B)
+        ratio = (lambda k: f"{r[k] / l[k]:5.2f}") if l else (lambda k: "    -")
+        ls = f"{l['s_pp']:10.1f} {l['s_tg']:8.1f} {l['s']:8.1f}" if l else f"{'-':>10} {'-':>8} {'-':>8}"
+        rf = f"{gbs / roof:5.0%}" if roof else "   -"
+        print(f"{B:3d} | {r['s_pp']:8.1f} {r['s_tg']:8.1f} {r['s']:8.1f} | {ls} | {ratio('s_pp')} {ratio('s_tg')} "
+              f"{ratio('s')} | {gbs:8.1f}  {rf}")
+    if roof:
+        print(f"# roof: streaming read {roof:.1f} GB/s; weights {wbytes / 1e6:.0f} MB, KV {kvt / 1024:.1f} KiB/token")
+    if a.e2e:
+        B = a.e2e
+        tps = run_e2e(path, a.threads, P, T, B)
+        l = llama.get(B)
+        ref = B * T / l["t"] if l else None
+        print(f"# end to end, B={B} requests from {B} threads through LLM: {tps:.1f} generated tok/s" +
+              (f"; llama.cpp B*T/T = {ref:.1f}: {tps / ref:.2f}x" if ref else ""))
+
+
+if __name__ == "__main__":
+    main()
