@@ -2,6 +2,11 @@
 
     python benchmarks/bench_batched.py -m qwen2.5-coder-0.5b -t 2 --npp 128 --ntg 64 --npl 1,2,4,8,16 \
         --llama-batched-bench /path/to/llama-batched-bench [--e2e 8]
+    python benchmarks/bench_batched.py -m layout:7b --device cuda --npp 512 --ntg 128 --npl 1,4,16,64 \
+        --llama-batched-bench /path/to/llama-batched-bench --llama-args "-ngl 99 -fa on"
+
+A model is a path, a name from minfer.hub, or layout:0.5b|1.5b|7b (the real models' layouts with random
+weights, as bench_cuda.py).  On the GPU the roof is the measured device-to-device copy rate.
 
 For each batch size B, as llama-batched-bench measures it: B prompts of P tokens are read in steps of at
 most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
@@ -16,10 +21,16 @@ from __future__ import annotations
 import argparse
 import re
 import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+LAYOUTS = {"0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m", "1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m",
+           "7b": "deepseek-r1-distill-qwen-7b-q4_k_m"}
 
 from minfer import _minfer, engine, gguf, quants
 
@@ -88,10 +99,10 @@ def run_llama(exe: str, path: str, threads: int, P: int, T: int, npl: list[int],
     return rows
 
 
-def run_e2e(path: str, threads: int, P: int, T: int, B: int) -> float:
+def run_e2e(path: str, threads: int, P: int, T: int, B: int, device: str) -> float:
     from minfer import LLM
 
-    with LLM(path, threads=threads, backend="cpu", max_sequences=B, n_ctx=P + T + 16) as llm:
+    with LLM(path, threads=threads, backend=device, max_sequences=B, n_ctx=P + T + 16) as llm:
         rng = np.random.default_rng(1)
         prompts = [list(map(int, rng.integers(100, 30000, size=P))) for _ in range(B)]
         no_eog = {t: -1e9 for t in llm.tokenizer.special.eog}
@@ -123,7 +134,12 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--e2e", type=int, default=0, help="also the end-to-end LLM run at this B")
     a = ap.parse_args()
-    path = engine.resolve(a.model)
+    if a.model.startswith("layout:"):
+        from conftest import layout_model
+
+        path = str(layout_model(LAYOUTS[a.model[7:]]))
+    else:
+        path = engine.resolve(a.model)
     npl = [int(x) for x in a.npl.split(",")]
     P, T = a.npp, a.ntg
     ctx = max(npl) * (P + T) + 64
@@ -133,7 +149,8 @@ def main():
     model = engine.Model(path)
     wbytes = weight_bytes(path)
     kvt = kv_bytes_per_token(model)
-    roof = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(a.threads)) if a.device == "cpu" else 0.0
+    roof = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(a.threads)) if a.device == "cpu" \
+        else _minfer.cuda_copy_bandwidth(1 << 31, 20) / 1e9
     runner = _minfer.BatchRunner(model, n_ctx=P + T + 16, threads=a.threads, device=a.device,
                                  kv_tokens=max(npl) * (P + T + 32), block_size=32)
     hdr = f"{'B':>3} | {'S_PP':>8} {'S_TG':>8} {'S':>8} | {'llama S_PP':>10} {'S_TG':>8} {'S':>8} | " \
@@ -153,10 +170,10 @@ def main():
         print(f"{B:3d} | {r['s_pp']:8.1f} {r['s_tg']:8.1f} {r['s']:8.1f} | {ls} | {ratio('s_pp')} {ratio('s_tg')} "
               f"{ratio('s')} | {gbs:8.1f}  {rf}")
     if roof:
-        print(f"# roof: streaming read {roof:.1f} GB/s; weights {wbytes / 1e6:.0f} MB, KV {kvt / 1024:.1f} KiB/token")
+        print(f"# roof: {'streaming read' if a.device == 'cpu' else 'device copy'} {roof:.1f} GB/s; weights {wbytes / 1e6:.0f} MB, KV {kvt / 1024:.1f} KiB/token")
     if a.e2e:
         B = a.e2e
-        tps = run_e2e(path, a.threads, P, T, B)
+        tps = run_e2e(path, a.threads, P, T, B, a.device)
         l = llama.get(B)
         ref = B * T / l["t"] if l else None
         print(f"# end to end, B={B} requests from {B} threads through LLM: {tps:.1f} generated tok/s" +

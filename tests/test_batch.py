@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 import minfer
-from conftest import SYNTHETIC, real_model, shared_path, synthetic_model
+from conftest import SYNTHETIC, require_cuda, shared_path, synthetic_model
 from logit_metrics import compare_topk
 from minfer import _minfer
+from minfer.quants import GGMLType as T, dequantize, quantize
 from minfer.batch import Engine
 
 TINY = "qwen2-tiny-q8_0"
@@ -69,15 +70,18 @@ def test_a_ragged_batch_equals_each_sequence_alone(name, kv_type, rng):
     assert list(greedy) == [int(alone(model, s, 256, kv_type)[-1].argmax()) for s in seqs]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("ids", ["ids16", "ids200"])
 @pytest.mark.parametrize("name", SYNTHETIC)
-def test_llamacpp_fixtures_through_the_batch_path(name, ids, rng):
+def test_llamacpp_fixtures_through_the_batch_path(name, ids, device, rng):
     """The fixture's prompt and decode steps, each in a batch step beside another sequence, against
     llama.cpp's logits with the bounds of test_llamacpp_synthetic."""
+    if device == "cuda":
+        require_cuda()
     fx = np.load(shared_path("fixtures", "llamacpp", "synthetic", f"{name}__{ids}.npz"))
     tol = 5e-3 if name.endswith(("f32", "f16")) else 3e-2
     model = _minfer.Model(str(synthetic_model(name)))
-    runner = _minfer.BatchRunner(model, n_ctx=512, threads=2, kv_tokens=1024, block_size=32)
+    runner = _minfer.BatchRunner(model, n_ctx=512, threads=2, kv_tokens=1024, block_size=32, device=device)
     prompt = [int(t) for t in fx["prompt_ids"]]
     other = list(rng.integers(0, runner.n_vocab, size=9))
     tables = tables_for(runner, [300, 300], rng)
@@ -93,14 +97,16 @@ def test_llamacpp_fixtures_through_the_batch_path(name, ids, rng):
     assert dm["max_abs"] <= tol, dm
 
 
-@pytest.mark.parametrize("backend", ["cpu", "reference"])
-@pytest.mark.parametrize("kv_type", ["f32", "f16"])
+@pytest.mark.parametrize("backend", ["cpu", "reference", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 def test_paged_attention_against_float64(rng, backend, kv_type):
     """KvStore at pool rows and Attn through block tables (two sequences, scattered blocks of 16, a
     prefill chunk of one and a decode row of the other) against softmax attention in float64 over the
     rows the test placed itself."""
+    if backend == "cuda":
+        require_cuda()
     model = _minfer.Model(str(synthetic_model(TINY)))
-    sess = _minfer.Session(model, threads=2)
+    sess = _minfer.Session(model, threads=2, device="cuda" if backend == "cuda" else "cpu")
     n_head, n_head_kv, hd, bs, n_blocks, max_blocks = 8, 2, 64, 16, 12, 4
     kv_dim = n_head_kv * hd
     # sequence 0: 40 keys already stored (positions 0..39), a decode row at 40; sequence 1: a chunk of 5
@@ -113,6 +119,8 @@ def test_paged_attention_against_float64(rng, backend, kv_type):
     V = rng.standard_normal((n_blocks * bs, kv_dim)).astype(np.float32)
     if kv_type == "f16":
         K, V = K.astype(np.float16).astype(np.float32), V.astype(np.float16).astype(np.float32)
+    if kv_type == "q8_0":  # the values a q8_0 row stores: blocks of 32 rounded to d * int8
+        K, V = (dequantize(quantize(M.ravel(), T.Q8_0), T.Q8_0).reshape(M.shape) for M in (K, V))
     rows = [(0, 40)] + [(1, p) for p in range(20, 25)]
     n = len(rows)
     q = rng.standard_normal((n, n_head * hd)).astype(np.float32)

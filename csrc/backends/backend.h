@@ -50,6 +50,11 @@ class Backend {
     // Index of the largest of n floats at (id, offset), the first on ties:
     // greedy decoding's only read-back.  Default: read_host, then a scan.
     virtual int argmax(int id, size_t offset, size_t n);
+    // The argmax of each of `rows` rows of n floats, ld apart, from (id, offset), into out[0..rows): a batch
+    // step's greedy tokens.  Default: argmax row by row.
+    virtual void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) {
+        for (int r = 0; r < rows; r++) out[r] = argmax(id, offset + size_t(r) * ld, n);
+    }
     // Greedy decode chained on the device, for `steps` steps: step() enqueues one decode step, then the
     // argmax of n floats at (id, offset) is written into the token input (token_id) as the next step's
     // token, the position input (pos_id) advances by one, and the winner goes to out[i]; the host waits

@@ -19,16 +19,15 @@ BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, in
     if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)))
         throw MinferError(strfmt("block_size must be a power of two in [1, 1024], got %d", block_size));
     if (kv_tokens < 1) throw MinferError(strfmt("kv_tokens must be >= 1, got %d", kv_tokens));
-    for (const auto& b : sched_.backends())
-        if (std::string(b->name()) != "cpu" && std::string(b->name()) != "reference")
-            throw MinferError(strfmt("batched steps have no %s attention over a paged KV pool yet: use device='cpu'",
-                                     b->name()));
+    if (sched_.device() == "metal")
+        throw MinferError("batched steps have no Metal attention over a paged KV pool yet: use device='cpu'");
     n_blocks_ = (kv_tokens + block_size - 1) / block_size;
     max_blocks_ = (sched_.n_ctx() + block_size - 1) / block_size;
     const ModelConfig& c = sched_.model().config();
     const size_t bytes = 2 * size_t(c.n_layer) * size_t(n_blocks_) * size_t(block_size) *
                          kv_row_bytes(sched_.options().kv_type, int64_t(c.n_head_kv) * c.head_dim);
-    check_fits(bytes, strfmt("the KV pool (%s, %d blocks of %d tokens x %d layers)", type_traits(sched_.options().kv_type).name,
+    if (sched_.device() == "cpu")  // on a GPU the pool's allocation says when it does not fit
+        check_fits(bytes, strfmt("the KV pool (%s, %d blocks of %d tokens x %d layers)", type_traits(sched_.options().kv_type).name,
                              n_blocks_, block_size, c.n_layer),
                "ask for fewer kv_tokens, or kv_type='q8_0'");
     kv_.type = sched_.options().kv_type;
@@ -132,7 +131,7 @@ void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const in
 void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                               const int32_t* tables, int32_t* out) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
-    for (int s = 0; s < n_seqs; s++) out[s] = pl.argmax_row(pl.graph().output, s);
+    pl.argmax_rows(pl.graph().output, out);
 }
 
 void BatchRunner::copy_block(int src, int dst) {

@@ -160,6 +160,11 @@ void Plan::allocate(bool keep_all) {
 
 int Plan::argmax_last_row(int node) { return argmax_row(node, graph_.nodes.at(size_t(node)).rows - 1); }
 
+void Plan::argmax_rows(int node, int32_t* out) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    backend(n.backend)->argmax_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), out);
+}
+
 int Plan::argmax_row(int node, int row) {
     const Node& n = graph_.nodes.at(size_t(node));
     if (row < 0 || row >= n.rows) throw MinferError(strfmt("argmax_row: row %d of %d", row, n.rows));

@@ -58,6 +58,7 @@ class Plan {
     // argmax over the last row of `node`'s output, computed where the node ran.
     int argmax_last_row(int node);
     int argmax_row(int node, int row);
+    void argmax_rows(int node, int32_t* out);  // every row's, where the node ran
     // Greedy decode of `steps` one-token steps chained on the backend (Backend::greedy_chain): the
     // token and position inputs must hold the first step's.  out[i] is step i's argmax of the output's
     // last row.  false, having run nothing: the plan is not one split on one backend with one token and

@@ -141,11 +141,32 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
                (const __half*)V, out, scratch, err);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
-               a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err);
+               a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
     }
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
                size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
+}
+
+size_t attention_paged_scratch_floats(const AttnShape& a) {
+    const int S = (a.n_ctx + kChunk - 1) / kChunk;
+    return S > 1 ? size_t(a.rows) * size_t(a.n_head) * size_t(S) * size_t(a.head_dim + 2) : 0;
+}
+
+void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
+                     const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
+                     cudaStream_t s) {
+    if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
+        throw MinferError(strfmt("CUDA attention: head_dim %d (at most %d), %d heads over %d KV heads", a.head_dim,
+                                 kMaxHeadDim, a.n_head, a.n_head_kv));
+    const int S = (a.n_ctx + kChunk - 1) / kChunk;  // splits past a row's position exit at once
+    if (size_t(S) * sizeof(float) > 48 * 1024)
+        throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
+    launch("attention_paged", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads),
+           0, s, a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, pages);
+    if (S > 1)
+        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
+               size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, Q8Act{});
 }
 
 }  // namespace minfer::cuda

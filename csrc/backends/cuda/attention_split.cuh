@@ -14,7 +14,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
                                                              const uint8_t* __restrict__ K,
                                                              const uint8_t* __restrict__ V, float* __restrict__ out,
                                                              int64_t ldo, float* __restrict__ partial,
-                                                             uint32_t* err) {
+                                                             uint32_t* err, KvPages pg) {
     pdl_start();
     __shared__ float qs[kMaxHeadDim];
     __shared__ float s[kChunk];
@@ -24,6 +24,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     const int hd = a.head_dim, dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p = pos[r];
+    // the cache row of key j: j, or through the row's sequence's block table (a batch step)
+    const int32_t* tbl = pg.seq ? pg.tables + int64_t(pg.seq[r]) * pg.max_blocks : nullptr;
+    auto row_of = [&](int j) -> int64_t {
+        return tbl ? int64_t(tbl[j / pg.block_size]) * pg.block_size + j % pg.block_size : int64_t(j);
+    };
     float* o_final = out + int64_t(r) * ldo + int64_t(h) * hd;
     float* part = partial + ((int64_t(r) * a.n_head + h) * S + z) * (hd + 2);
     if (p < 0 || p >= a.n_ctx) {  // uniform over the block: no barrier is skipped by some threads only
@@ -51,7 +56,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
             for (int d0 = 0; d0 < kMaxHeadDim; d0 += 8) {
                 if (d0 < hd) {
                     float kv[8];
-                    kv_load8(a.kv_type, K, j0 + threadIdx.x, dim, col0 + d0, kv);
+                    kv_load8(a.kv_type, K, row_of(j0 + int(threadIdx.x)), dim, col0 + d0, kv);
 #pragma unroll
                     for (int i = 0; i < 8; i++) dot += qs[d0 + i] * kv[i];
                 }
@@ -75,7 +80,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
             const float w = s[jj];
 #pragma unroll
             for (int i = 0; i < kMaxHeadDim / 32; i++)
-                if (lane + 32 * i < hd) acc[i] += w * kv_at(a.kv_type, V, j0 + jj, dim, col0 + lane + 32 * i);
+                if (lane + 32 * i < hd) acc[i] += w * kv_at(a.kv_type, V, row_of(j0 + jj), dim, col0 + lane + 32 * i);
         }
 #pragma unroll
         for (int i = 0; i < kMaxHeadDim / 32; i++)

@@ -151,7 +151,7 @@ bool CudaBackend::supports_op(const Node& node) const {
     const bool kv_ok = (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
                         node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;  // the cache's kernels
     switch (node.op) {
-        case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+        case Op::Input: case Op::TailRow: case Op::PickRows: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
             return true;
         case Op::RmsNorm: case Op::QkNorm: case Op::AddRmsNorm:
             return f32_weight(node.meta.weight);
@@ -167,10 +167,8 @@ bool CudaBackend::supports_op(const Node& node) const {
                    f32_weight(node.meta.q_norm) && f32_weight(node.meta.k_norm);
         case Op::FusedFFN:
             return has_weight(node.meta.w_gate) && has_weight(node.meta.w_up);
-        case Op::KvStore: case Op::RopeKvStore:
+        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             return kv_ok;
-        case Op::Attn:  // not over a batch's paged pool yet
-            return kv_ok && node.meta.block_size == 0;
         case Op::FusedQkvRope:
             return has_weight(node.meta.wq) && has_weight(node.meta.wk) && has_weight(node.meta.wv) && kv_ok;
         default:
@@ -268,6 +266,19 @@ int CudaBackend::argmax(int id, size_t offset, size_t n) {
     cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_);
     synchronize();
     return *(volatile int*)argmax_host_;
+}
+
+// Every row's argmax enqueued, then one wait (the winners land in the host-mapped chain buffer).
+void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) {
+    usable();
+    for (int r0 = 0; r0 < rows; r0 += kChainSteps) {
+        const int m = std::min(kChainSteps, rows - r0);
+        for (int r = 0; r < m; r++)
+            cuda::argmax((const float*)raw(id) + offset + size_t(r0 + r) * ld, int(n), (int*)(chain_dev_ + r),
+                         argmax_part_, err_dev_, stream_);
+        synchronize();
+        std::memcpy(out + r0, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
+    }
 }
 
 // The steps follow each other with no host write between them: the step's first kernel (the embedding

@@ -93,6 +93,7 @@ class CudaBackend : public Backend {
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
     int argmax(int id, size_t offset, size_t n) override;
+    void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) override;
     bool chains() const override { return true; }
     bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
                       int pos_id, int32_t* out) override;

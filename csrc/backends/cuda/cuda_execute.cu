@@ -101,6 +101,9 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             return cuda::get_rows(w.type, w.p, w.rows, w.cols, (const int32_t*)at(a.in[0]), rows, at(a.out), a.out.ld,
                                   err_dev_, stream_);
         }
+        case Op::PickRows:
+            return cuda::pick_rows(at(a.in[0]), ld(0), int(a.in[0].rows), (const int32_t*)at(a.in[1]), at(a.out), a.out.ld,
+                                   rows, cols, err_dev_, stream_);
         case Op::TailRow:
             return cuda::copy_rows(at(a.in[0]) + int64_t(m.src_row) * ld(0), ld(0), at(a.out), a.out.ld, 1, cols, stream_);
         case Op::RmsNorm: case Op::QkNorm: {
@@ -188,6 +191,15 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                        err_dev_, stream_);
         }
         case Op::Attn: {
+            if (m.block_size > 0) {  // a batch step over the paged pool
+                const int max_blocks = int(a.in[4].ld);
+                AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, max_blocks * m.block_size, m.kv_type, m.attn_scale};
+                const size_t need = cuda::attention_paged_scratch_floats(s);
+                float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
+                cuda::KvPages pg{(const int32_t*)at(a.in[3]), (const int32_t*)at(a.in[4]), max_blocks, m.block_size};
+                return cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
+                                             raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_);
+            }
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
             const size_t need = attention_scratch_floats(s);
             float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;

@@ -93,7 +93,24 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
     }
 }
 
+__global__ void pick_rows_kernel(const float* __restrict__ x, int64_t ldx, int x_rows, const int32_t* __restrict__ idx,
+                                 float* __restrict__ y, int64_t ldy, int cols, uint32_t* err) {
+    const int r = blockIdx.y, i = idx[r];
+    if (i < 0 || i >= x_rows) {
+        if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(err, kBadPosition);
+        return;
+    }
+    for (int c = blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += gridDim.x * blockDim.x)
+        y[int64_t(r) * ldy + c] = x[int64_t(i) * ldx + c];
+}
+
 }  // namespace
+
+void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, float* y, int64_t ldy, int rows, int cols,
+               uint32_t* err, cudaStream_t s) {
+    launch("pick_rows", pick_rows_kernel, dim3(unsigned((cols + 255) / 256), unsigned(rows)), dim3(256), 0, s, x, ldx,
+           x_rows, idx, y, ldy, cols, err);
+}
 
 void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed) {
     // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,

@@ -123,6 +123,13 @@ struct AttnShape {
     uint32_t kv_type;
     float scale;
 };
+// A batch step's paged KV (null seq: one sequence, row = position): key j of row r's sequence is in pool
+// block tables[seq[r] * max_blocks + j / block_size].
+struct KvPages {
+    const int32_t* seq = nullptr;
+    const int32_t* tables = nullptr;
+    int max_blocks = 0, block_size = 0;
+};
 bool attention_uses_tensor_cores(const AttnShape& a);  // f16 cache, >= 16 rows, head_dim 64 or 128
 int attention_splits(const AttnShape& a);                 // grid's split count (fixed per shape)
 size_t attention_scratch_floats(const AttnShape& a);      // partials for the combine step
@@ -130,6 +137,12 @@ size_t attention_scratch_floats(const AttnShape& a);      // partials for the co
 // rounds the output to 8-bit blocks for the decode matvec after it (head_dim % 32 == 0).
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
                float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s);
+// Attention of a batch step over the paged pool (a.n_ctx: one sequence's context, max_blocks * block_size):
+// the general kernel, every row's keys split in chunks, and the combine.
+size_t attention_paged_scratch_floats(const AttnShape& a);
+void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
+                     const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
+                     cudaStream_t s);
 
 // Elementwise ops (elementwise.cu).
 enum class Ew { Add, Mul, Silu, SwiGLU };
@@ -148,5 +161,8 @@ struct ArgmaxFeed {
 // A NaN among the n values sets kNanLogit in *err (NaN is never the winner).
 void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {});
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
+// y row r = x row idx[r] (PickRows: each sequence's last row of a batch step); idx checked against x_rows.
+void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, float* y, int64_t ldy, int rows, int cols,
+               uint32_t* err, cudaStream_t s);
 
 }  // namespace minfer::cuda
