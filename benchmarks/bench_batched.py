@@ -122,6 +122,39 @@ def run_e2e(path: str, threads: int, P: int, T: int, B: int, device: str) -> flo
     return B * T / dt
 
 
+def profile(model, a, P: int, T: int) -> None:
+    """Milliseconds per decode step by op (MINFER_OP_PROFILE: each node synchronized, so no overlap)."""
+    import minfer
+
+    minfer.set_setting("MINFER_OP_PROFILE", "1")
+    B = a.profile
+    runner = _minfer.BatchRunner(model, n_ctx=P + T + 16, threads=a.threads, device=a.device,
+                                 kv_tokens=B * (P + T + 32), block_size=32)
+    before = {}
+
+    def snap():
+        return {k: v[0] for k, v in runner.op_profile().items()}
+    orig = runner.step_greedy
+
+    def step_greedy(*args):  # the prompt steps run first: the decode steps' share is the difference
+        nonlocal before
+        out = orig(*args)
+        if len(args[0]) > B or not before:
+            before = snap()
+        return out
+    runner_proxy = type("R", (), {})()
+    for k in ("n_vocab", "block_size", "max_blocks"):
+        setattr(runner_proxy, k, getattr(runner, k))
+    runner_proxy.step_greedy = step_greedy
+    run_minfer(runner_proxy, P, T, B)
+    after = snap()
+    rows = sorted(((after[k] - before.get(k, 0.0)) / T * 1e3, k) for k in after)
+    print(f"# per decode step at B={B}: {sum(r[0] for r in rows):.2f} ms")
+    for ms, k in reversed(rows):
+        if ms > 0.005:
+            print(f"  {k:14s} {ms:8.3f} ms")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
@@ -133,6 +166,7 @@ def main():
     ap.add_argument("--llama-args", default="", help="extra llama-batched-bench arguments, e.g. '-ngl 99 -fa on'")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--e2e", type=int, default=0, help="also the end-to-end LLM run at this B")
+    ap.add_argument("--profile", type=int, default=0, help="only the per-op time of a decode step at this B")
     a = ap.parse_args()
     if a.model.startswith("layout:"):
         from conftest import layout_model
@@ -147,6 +181,8 @@ def main():
     llama = run_llama(a.llama_batched_bench, path, a.threads, P, T, npl, ctx, a.llama_args.split()) \
         if a.llama_batched_bench else {}
     model = engine.Model(path)
+    if a.profile:
+        return profile(model, a, P, T)
     wbytes = weight_bytes(path)
     kvt = kv_bytes_per_token(model)
     roof = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(a.threads)) if a.device == "cpu" \

@@ -77,7 +77,14 @@ void bind_batch(py::module_& m) {
         .def_property_readonly("n_ctx", [](BatchRunner& b) { return b.scheduler().n_ctx(); })
         .def_property_readonly("n_vocab", [](BatchRunner& b) { return b.scheduler().model().config().n_vocab; })
         .def_property_readonly("device", [](BatchRunner& b) { return b.scheduler().device(); })
-        .def_property_readonly("graph_builds", &BatchRunner::graph_builds);
+        .def_property_readonly("graph_builds", &BatchRunner::graph_builds)
+        .def("op_profile", [](BatchRunner& b) {
+            py::dict d;  // with MINFER_OP_PROFILE=1: seconds and calls per op so far
+            const OpProfile& p = b.scheduler().op_profile();
+            for (size_t i = 0; i < size_t(Op::Count); i++)
+                if (p.calls[i]) d[op_name(Op(i))] = py::make_tuple(p.seconds[i], p.calls[i]);
+            return d;
+        });
 }
 
 }  // namespace minfer

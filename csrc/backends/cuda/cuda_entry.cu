@@ -71,7 +71,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     Waits waits;  // before the memory: it outlives it
     DevMem dw(dev_w + 256, waits), dx(size_t(rows) * K * 4, waits), dy(size_t(rows) * N * 4, waits),
         wh(size_t(N) * K * 2, waits), xh(size_t(rows) * K * 2, waits),
-        part(size_t(cuda::gemm_splits(rows, N, K)) * rows * N * 4, waits),
+        part(size_t(std::max(cuda::gemm_splits(rows, N, K), cuda::gemm_q_splits(rows, N, K))) * rows * N * 4, waits),
         xq(cuda::matvec_q8_scratch_bytes(rows, K), waits);
     std::vector<uint8_t> laid(dev_w);
     lay_rows(type, w, laid.data(), N, K);
@@ -90,6 +90,10 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
             m.ldy = N;
             if (how == "q8") cuda::matvec_q8(m, xq.p, false, s);
             else cuda::matvec(m, s);
+        } else if (cuda::gemm_q_fits(rows, K)) {  // as the backend runs a batch's decode step
+            cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);
+            cuda::gemm_q(type, (const __half*)xh.p, rows, (const uint8_t*)dw.p, N, K, (float*)dy.p, N, nullptr,
+                         (float*)part.p, s);
         } else {
             cuda::dequantize_f16(type, (const uint8_t*)dw.p, N, K, (__half*)wh.p, s);
             cuda::convert_f16((const float*)dx.p, K, rows, K, (__half*)xh.p, s);

@@ -60,6 +60,21 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         cuda::matvec(m, stream_);
         return false;
     }
+    if (cuda::gemm_q_fits(rows, K)) {  // a batch's decode step: each weight read once, dequantized in shared memory
+        __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
+        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+        cuda::convert_f16(x, ldx, rows, K, xh, stream_);
+        for (size_t i = 0; i < parts.size(); i++) {
+            const Proj& p = parts[i];
+            const int splits = cuda::gemm_q_splits(rows, p.n_out, K);
+            float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
+                                        : nullptr;
+            if (swiglu && i == 1) cuda::gemm_q(p.w->type, xh, rows, p.w->p, p.n_out, K, up, p.n_out, nullptr, partial, stream_);
+            else cuda::gemm_q(p.w->type, xh, rows, p.w->p, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
+        }
+        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+        return false;
+    }
     // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
     int64_t max_n = 0;
     for (const Proj& p : parts) max_n = std::max(max_n, p.n_out);

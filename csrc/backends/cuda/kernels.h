@@ -85,6 +85,12 @@ void convert_f16(const float* x, int64_t ldx, int64_t M, int64_t K, __half* out,
 int gemm_splits(int64_t M, int64_t N, int64_t K);
 void gemm_f16(const __half* A, const __half* B, int64_t M, int64_t N, int64_t K, float* y, int64_t ldy,
               const float* bias, float* partial, cudaStream_t s);
+// A batch's decode product (1..64 rows, K a multiple of 64): weights dequantized slice by slice in shared
+// memory, never in full; partial: gemm_q_splits(M, N, K) * M * N floats of scratch (or null: no split).
+bool gemm_q_fits(int64_t M, int64_t K);
+int gemm_q_splits(int64_t M, int64_t N, int64_t K);
+void gemm_q(uint32_t wtype, const __half* X, int64_t M, const uint8_t* W, int64_t N, int64_t K, float* y, int64_t ldy,
+            const float* bias, float* partial, cudaStream_t s);
 
 // Embedding gather: y[r, :] = dequant(W[ids[r], :]) (elementwise.cu).
 void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, const int32_t* ids, int rows,
