@@ -6,15 +6,19 @@
         --llama-batched-bench /path/to/llama-batched-bench --llama-args "-ngl 99 -fa on"
 
 A model is a path, a name from minfer.hub, or layout:0.5b|1.5b|7b (the real models' layouts with random
-weights, as bench_cuda.py).  On the GPU the roof is the measured device-to-device copy rate.
+weights, as bench_cuda.py).
 
 For each batch size B, as llama-batched-bench measures it: B prompts of P tokens are read in steps of at
 most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
 S is all B*(P+T) tokens over all the time.  minfer runs the batch step (BatchRunner) directly, greedy, its
 KV in one pool.  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
-over its time, against the machine's streaming-read rate (`roof`).  --e2e B: B requests sent at once from B threads through LLM(max_sequences=B) (tokenizing,
-scheduling, sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's
-B*T / T for the same B.
+over its time, against the machine's streaming-read rate (`roof`, the GPU's copy rate on the GPU).
+
+--e2e B: B requests sent at once from B threads through LLM(max_sequences=B) (tokenizing, scheduling,
+sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's B*T / T for
+the same B.  --prefix N: 16 requests sharing an N-token system prompt, each sent after the previous one's
+first token, to minfer.batch.Engine: the time to first token of the 1st (computes the prefix) against the
+16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.
 """
 from __future__ import annotations
 
@@ -155,6 +159,21 @@ def profile(model, a, P: int, T: int) -> None:
             print(f"  {k:14s} {ms:8.3f} ms")
 
 
+def run_prefix(path: str, threads: int, n_prefix: int, device: str, n_req: int = 16) -> list:
+    from minfer.batch import Engine
+
+    rng = np.random.default_rng(2)
+    system = list(map(int, rng.integers(100, 30000, size=n_prefix)))
+    with Engine(path, threads=threads, backend=device, max_sequences=n_req, n_ctx=n_prefix + 64) as eng:
+        eng.submit(list(map(int, rng.integers(100, 30000, size=8))), max_tokens=2).result()  # warm-up
+        ttft = []
+        for i in range(n_req):  # each waits for the previous one's first token: the prefix is written by then
+            h = eng.submit(system + list(map(int, rng.integers(100, 30000, size=12))), max_tokens=8)
+            next(iter(h), None)
+            ttft.append((h.metrics.ttft_s, h.metrics.cached_tokens))
+        return ttft
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
@@ -167,6 +186,7 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--e2e", type=int, default=0, help="also the end-to-end LLM run at this B")
     ap.add_argument("--profile", type=int, default=0, help="only the per-op time of a decode step at this B")
+    ap.add_argument("--prefix", type=int, default=0, help="only the prefix-caching run, with this system prompt")
     a = ap.parse_args()
     if a.model.startswith("layout:"):
         from conftest import layout_model
@@ -183,6 +203,13 @@ def main():
     model = engine.Model(path)
     if a.profile:
         return profile(model, a, P, T)
+    if a.prefix:
+        t = run_prefix(path, a.threads, a.prefix, a.device)
+        print(f"# 16 requests sharing a {a.prefix}-token prefix: time to first token (cached tokens)")
+        for i in (0, 1, len(t) - 1):
+            print(f"  request {i + 1:2d}: {t[i][0] * 1e3:8.1f} ms  ({t[i][1]} cached)")
+        print(f"  16th / 1st: {t[-1][0] / t[0][0]:.2f}")
+        return
     wbytes = weight_bytes(path)
     kvt = kv_bytes_per_token(model)
     roof = _minfer.read_bandwidth_gbps(512 << 20, 3, quants.ThreadPool(a.threads)) if a.device == "cpu" \

@@ -138,7 +138,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
                dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
-               (const __half*)V, out, scratch, err);
+               (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0));
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
@@ -162,8 +162,15 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
     const int S = (a.n_ctx + kChunk - 1) / kChunk;  // splits past a row's position exit at once
     if (size_t(S) * sizeof(float) > 48 * 1024)
         throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
-    launch("attention_paged", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads),
-           0, s, a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, pages);
+    const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));
+    // f16 rows of 64 or 128 in blocks of whole warps' 32 positions: the decode kernel's coalesced warps, a row each
+    if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
+        decode_f16_kernel_on())
+        launch("attention_paged", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>, grid,
+               dim3(kThreads), 0, s, a, q, pos, (const __half*)K, (const __half*)V, out, scratch, err, pages, ldq, ldo);
+    else
+        launch("attention_paged", attention_kernel, grid, dim3(kThreads), 0, s, a, q, ldq, pos, (const uint8_t*)K,
+               (const uint8_t*)V, out, ldo, scratch, err, pages);
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
                size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, Q8Act{});

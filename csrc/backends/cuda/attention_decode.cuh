@@ -146,22 +146,26 @@ __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&
 // registers (the V rows do not depend on the scores), before q is even read:
 // one round trip to memory instead of one per step of the loops.  HD is the
 // head dim (64 or 128).  Its partials have the form of the general kernel's.
+// A batch step (pg.seq set) runs every row at once, blockIdx.y = row, each over its own sequence's blocks: a
+// warp's 32 positions lie in one pool block (block_size a multiple of 32), so its loads stay as they are,
+// from that block.
 template <int HD>
 __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, const float* __restrict__ q,
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
-                                                                float* __restrict__ partial, uint32_t* err) {
+                                                                float* __restrict__ partial, uint32_t* err,
+                                                                KvPages pg, int64_t ldq, int64_t ldo) {
     constexpr int W = kThreads / 32;
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
     __shared__ float wo[W][HD];
-    const int h = blockIdx.x, z = blockIdx.z, S = gridDim.z;
+    const int h = blockIdx.x, r = blockIdx.y, z = blockIdx.z, S = gridDim.z;
     const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
     const int warp = threadIdx.x >> 5, d = threadIdx.x;
-    const int p = pos[0];
-    float* o_final = out + int64_t(h) * HD;
-    float* part = partial + (int64_t(h) * S + z) * (HD + 2);
+    const int p = pos[r];
+    float* o_final = out + int64_t(r) * ldo + int64_t(h) * HD;
+    float* part = partial + ((int64_t(r) * a.n_head + h) * S + z) * (HD + 2);
     if (p < 0 || p >= a.n_ctx) {  // uniform over the block
         pdl_start();
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
@@ -177,6 +181,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     // long cache is mostly such blocks (the benchmark's 512 positions in 4352: 29 of 34 splits).
     if (z * kChunk > p) return;
     const int j0 = z * kChunk + warp * 32;  // S * kChunk >= n_ctx: one chunk per split
+    if (pg.seq) {  // the warp's rows j0.. j0 + 31 are rows of one pool block: shift the cache to it
+        const int b = pg.tables[int64_t(pg.seq[r]) * pg.max_blocks + j0 / pg.block_size];
+        const int64_t shift = (int64_t(b) * pg.block_size + j0 % pg.block_size - j0) * dim;
+        K += shift;
+        V += shift;
+    }
     uint4 kr[HD / 8] = {};                   // the warp's K rows, WarpRows' layout
     uint4 vr[HD / 8];                        // the warp's V rows, the same layout
     // Rows before p were stored by earlier steps (the step's first kernel waits for the previous step), so they are
@@ -186,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     pdl_start();
     WarpRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
     WarpRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
-    for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(h) * HD + d];
+    for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(r) * ldq + int64_t(h) * HD + d];
     __syncthreads();
     float M, L;
     const float o = chunk_attend<HD>(a, kr, vr, qs, j0, p, wm, wl, wo, M, L);
