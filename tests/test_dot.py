@@ -148,7 +148,8 @@ def test_unavailable_isa_is_an_error():
         vec_dot(T.Q8_0, np.zeros(34, np.uint8), np.zeros(34, np.uint8), missing[0])
 
 
-TILE4 = [("avx2", T.Q4_K), ("avx2", T.Q5_0), ("avx2", T.Q6_K), ("avx512", T.Q4_K), ("avx512", T.Q5_0)]
+TILE4 = [("avx2", T.Q4_K), ("avx2", T.Q5_0), ("avx2", T.Q6_K), ("avx2", T.Q8_0), ("avx512", T.Q4_K),
+         ("avx512", T.Q5_0), ("avx512", T.Q8_0)]
 
 
 @pytest.mark.parametrize("isa,t", TILE4, ids=lambda v: v if isinstance(v, str) else v.name)
@@ -170,7 +171,7 @@ def test_tile4_matches_dot(isa, t, rng):
             assert np.array_equal(native.vec_dot_tile4(t, w, a[2], isa), want[2:3]), f"{t.name} n={n}: 1 token"
 
 
-@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0], ids=lambda t: t.name)
 def test_vnni_kernels_match_avx2(t, rng):
     """The AVX-512 build runs AVX2's four-row units with vpdpbusd / vpdpwssd in place of vpmaddubsw + vpmaddwd
     where several tokens share a weight block: the integers are the same, so every unit (1, 2, 4, 8 tokens) and
