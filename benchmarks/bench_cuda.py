@@ -143,6 +143,10 @@ def kernels() -> None:
             for path in ("f32", "q8"):
                 _, sec = M.cuda_matmul(t, w, x, n, 50, path=path)
                 print(f"matvec {path:3} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
+        for rows in (4, 8, 16, 64):  # a batch's decode step: gemm_q (4 rows: forced, beside the matvec above)
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            _, sec = M.cuda_matmul(t, w, x, n, 20, path="gemm")
+            print(f"gemm_q {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
         if n < 100000:
             x = rng.standard_normal((2048, k)).astype(np.float32)
             _, sec = M.cuda_matmul(t, w, x, n, 5, path="gemm")

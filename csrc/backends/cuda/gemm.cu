@@ -10,9 +10,10 @@
 // M fastest, so the blocks in flight share each weight tile through L2.
 //
 // A batch's decode step (5-64 rows) cannot pay for dequantizing every weight to f16 in memory first: its
-// product reads each weight once.  gemm_q takes 64 weight rows a block, dequantizes each K slice of them
+// product reads each weight once.  gemm_q takes 32 weight rows a block, dequantizes each K slice of them
 // into shared memory as f16, and multiplies it with the slice of all (up to 64) activation rows on the tensor
-// cores; K is split over blocks until the grid fills the GPU.  Reference: float64 numpy;
+// cores; K is split over blocks until there are four a SM (its loads are not pipelined: other blocks' hide
+// their latency).  Reference: float64 numpy;
 // tests/test_cuda_matvec.py (the gemm path).
 #include <mma.h>
 
@@ -165,9 +166,9 @@ __global__ void gemm_reduce_kernel(const float* __restrict__ part, int splits, i
     y[(i / N) * ldy + i % N] = s;
 }
 
-constexpr int QM = 64, QN = 64, QK = 64, QLDS = QK + 8, kQThreads = 128;
+constexpr int QM = 64, QN = 32, QK = 64, QLDS = QK + 8, kQThreads = 128;
 
-// y[M, N] (+ bias) = X[M, K] (f16) W[N, K]^T, W quantized (rows rb bytes apart); blockIdx.x takes 64 weight
+// y[M, N] (+ bias) = X[M, K] (f16) W[N, K]^T, W quantized (rows rb bytes apart); blockIdx.x takes 32 weight
 // rows, blockIdx.z the K range [z k_len, (z + 1) k_len) (with several, partials at y + z M N for the reduce).
 template <int T>
 __global__ void __launch_bounds__(kQThreads) gemm_q_kernel(const __half* __restrict__ X, int64_t M,
@@ -176,19 +177,21 @@ __global__ void __launch_bounds__(kQThreads) gemm_q_kernel(const __half* __restr
                                                            int64_t ldy, const float* __restrict__ bias) {
     __shared__ __align__(128) __half Xs[QM * QLDS];
     __shared__ __align__(128) __half Ws[QN * QLDS];
-    const int warp = threadIdx.x >> 5, wm = warp >> 1, wn = warp & 1;  // 2 x 2 warps of 32 x 32 outputs
+    const int warp = threadIdx.x >> 5;  // warp w: activation rows 16w.. 16w + 15 against the 32 weight rows
     const int64_t n0 = int64_t(blockIdx.x) * QN, kb = int64_t(blockIdx.z) * k_len;
     if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2];
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
+    for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[j], 0.0f);
     for (int64_t k0 = kb; k0 < kb + k_len; k0 += QK) {
 #pragma unroll
-        for (int i = 0; i < QM * QK / 8 / kQThreads; i++) {  // 8 values a thread and pass, of X and of W
+        for (int i = 0; i < QM * QK / 8 / kQThreads; i++) {  // 8 values of X a thread and pass
             const int idx = threadIdx.x + i * kQThreads, r = idx / (QK / 8), c = (idx % (QK / 8)) * 8;
             *(uint4*)(Xs + r * QLDS + c) = r < M ? *(const uint4*)(X + r * K + k0 + c) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int i = 0; i < QN * QK / 8 / kQThreads; i++) {  // and of W, dequantized
+            const int idx = threadIdx.x + i * kQThreads, r = idx / (QK / 8), c = (idx % (QK / 8)) * 8;
             __align__(16) __half h[8];
             if (n0 + r < N) {
                 float w[8];
@@ -202,36 +205,34 @@ __global__ void __launch_bounds__(kQThreads) gemm_q_kernel(const __half* __restr
             *(uint4*)(Ws + r * QLDS + c) = *(const uint4*)h;
         }
         __syncthreads();
+        if (warp * 16 < M) {  // warps past the step's rows have nothing to multiply
 #pragma unroll
-        for (int kk = 0; kk < QK; kk += 16) {
-            wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa[2];
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+            for (int kk = 0; kk < QK; kk += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb[2];
+                wmma::load_matrix_sync(fa, Xs + warp * 16 * QLDS + kk, QLDS);
 #pragma unroll
-            for (int i = 0; i < 2; i++) wmma::load_matrix_sync(fa[i], Xs + (wm * 32 + i * 16) * QLDS + kk, QLDS);
+                for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + j * 16 * QLDS + kk, QLDS);
 #pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(fb[j], Ws + (wn * 32 + j * 16) * QLDS + kk, QLDS);
-#pragma unroll
-            for (int i = 0; i < 2; i++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], fa[i], fb[j], acc[i][j]);
+                for (int j = 0; j < 2; j++) wmma::mma_sync(acc[j], fa, fb[j], acc[j]);
+            }
         }
         __syncthreads();  // the slices are rewritten next
     }
+    if (warp * 16 >= M) return;
     float* stage = (float*)Xs + warp * 256;  // 1 KB a warp of the (now free) X slice
     const int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            wmma::store_matrix_sync(stage, acc[i][j], 16, wmma::mem_row_major);
-            __syncwarp();
-            const int64_t r0 = wm * 32 + i * 16, c0 = n0 + wn * 32 + j * 16;
-            for (int e = lane; e < 256; e += 32) {
-                const int64_t r = r0 + e / 16, c = c0 + e % 16;
-                if (r < M && c < N) y[r * ldy + c] = stage[e] + (bias && gridDim.z == 1 ? bias[c] : 0.0f);
-            }
-            __syncwarp();
+    for (int j = 0; j < 2; j++) {
+        wmma::store_matrix_sync(stage, acc[j], 16, wmma::mem_row_major);
+        __syncwarp();
+        const int64_t r0 = warp * 16, c0 = n0 + j * 16;
+        for (int e = lane; e < 256; e += 32) {
+            const int64_t r = r0 + e / 16, c = c0 + e % 16;
+            if (r < M && c < N) y[r * ldy + c] = stage[e] + (bias && gridDim.z == 1 ? bias[c] : 0.0f);
         }
+        __syncwarp();
+    }
 }
 
 }  // namespace
@@ -239,10 +240,10 @@ __global__ void __launch_bounds__(kQThreads) gemm_q_kernel(const __half* __restr
 bool gemm_q_fits(int64_t M, int64_t K) { return M >= 1 && M <= QM && K % QK == 0; }
 
 int gemm_q_splits(int64_t M, int64_t N, int64_t K) {
-    // ~2 blocks per SM: split K while the grid is smaller and each range keeps a few slices
-    const int64_t blocks = (N + QN - 1) / QN;
+    // four blocks per SM: split K while the grid is smaller and each range keeps four slices or more
+    const int64_t blocks = (N + QN - 1) / QN, want = 4 * int64_t(sm_count());
     int splits = 1;
-    while (splits < 16 && blocks * splits * 2 <= 264 && K % (int64_t(splits) * 2 * QK) == 0 && K / (splits * 2) >= 256)
+    while (splits < 16 && blocks * splits < want && K % (int64_t(splits) * 2 * QK) == 0 && K / (splits * 2) >= 256)
         splits *= 2;
     return splits;
 }
