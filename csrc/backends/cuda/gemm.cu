@@ -10,11 +10,10 @@
 // M fastest, so the blocks in flight share each weight tile through L2.
 //
 // A batch's decode step (5-64 rows) cannot pay for dequantizing every weight to f16 in memory first: its
-// product reads each weight once.  gemm_q takes 32 weight rows a block, dequantizes each K slice of 128
-// of them into shared memory as f16, and multiplies it with the slice of all (up to 64) activation rows on
-// the tensor cores; K is split over blocks until there are four a SM.  A slice's loop is a chain of memory
-// latencies (a block waits for its loads before its barrier): long slices, the next slice's weights
-// prefetched into L2, and other blocks hide them.  Reference: float64 numpy;
+// product reads each weight once.  gemm_q takes 32 weight rows a block, dequantizes each K slice of them
+// into shared memory as f16, and multiplies it with the slice of all (up to 64) activation rows on the tensor
+// cores; K is split over blocks until there are four a SM (its loads are not pipelined: other blocks' hide
+// their latency).  Reference: float64 numpy;
 // tests/test_cuda_matvec.py (the gemm path).
 #include <mma.h>
 
@@ -167,7 +166,7 @@ __global__ void gemm_reduce_kernel(const float* __restrict__ part, int splits, i
     y[(i / N) * ldy + i % N] = s;
 }
 
-constexpr int QM = 64, QN = 32, QK = 128, QLDS = QK + 8, kQThreads = 128;
+constexpr int QM = 64, QN = 32, QK = 64, QLDS = QK + 8, kQThreads = 128;
 
 // y[M, N] (+ bias) = X[M, K] (f16) W[N, K]^T, W quantized (rows rb bytes apart); blockIdx.x takes 32 weight
 // rows, blockIdx.z the K range [z k_len, (z + 1) k_len) (with several, partials at y + z M N for the reduce).
@@ -195,10 +194,6 @@ __global__ void __launch_bounds__(kQThreads) gemm_q_kernel(const __half* __restr
             const int idx = threadIdx.x + i * kQThreads, r = idx / (QK / 8), c = (idx % (QK / 8)) * 8;
             __align__(16) __half h[8];
             if (n0 + r < N) {
-                // the bytes this thread dequantizes next slice, on their way to L2 while this one is multiplied
-                const int64_t jn = k0 + QK + c;
-                if (jn < kb + k_len)
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(W + (n0 + r) * rb + jn * Block<T>::bytes / Block<T>::values));
                 float w[8];
                 dequant8<T>(W + (n0 + r) * rb, k0 + c, w);
 #pragma unroll
