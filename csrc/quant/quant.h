@@ -60,7 +60,8 @@ typedef void (*vec_dot_tile4_fn)(int64_t n, const void* w, size_t w_stride, cons
                                  const float* scales, size_t scales_stride, int n_tok, bool stream, float* out);
 // Floats act_scales writes per activation row of n values (0 where the format needs none).
 int64_t act_scale_count(uint32_t act_type, int64_t n);
-// Q8_0: d per block; Q8_1: d, s per block (f16 -> f32, exact).
+// Q8_0: d, then the int32 sums of its values 0-3 mod 8 and 4-7 mod 8 (their bits), per block; Q8_1: d, s
+// per block (f16 -> f32, exact).  The sums let a VNNI tile multiply unsigned (biased) weights.
 void act_scales(uint32_t act_type, const void* a, int64_t n, float* out);
 
 enum class Isa { scalar = 0, avx2 = 1, avx512 = 2, neon = 3 };

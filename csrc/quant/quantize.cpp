@@ -176,7 +176,7 @@ void quantize_row_act(uint32_t type, const float* x, void* y, int64_t n) {
 
 int64_t act_scale_count(uint32_t act_type, int64_t n) {
     switch (act_type) {
-        case GGML_TYPE_Q8_0: return n / QK8_0;
+        case GGML_TYPE_Q8_0: return 3 * (n / QK8_0);
         case GGML_TYPE_Q8_1: return 2 * (n / QK8_1);
         default: return 0;
     }
@@ -185,7 +185,12 @@ int64_t act_scale_count(uint32_t act_type, int64_t n) {
 void act_scales(uint32_t act_type, const void* a, int64_t n, float* out) {
     if (act_type == GGML_TYPE_Q8_0) {
         const block_q8_0* b = (const block_q8_0*)a;
-        for (int64_t i = 0; i < n / QK8_0; i++) out[i] = f16_to_f32(b[i].d);
+        for (int64_t i = 0; i < n / QK8_0; i++) {
+            int32_t eo[2] = {0, 0};  // values 0-3 mod 8 and 4-7 mod 8, as the even/odd kernels split a block
+            for (int j = 0; j < QK8_0; j++) eo[(j / 4) % 2] += b[i].qs[j];
+            out[3 * i] = f16_to_f32(b[i].d);
+            std::memcpy(&out[3 * i + 1], eo, sizeof eo);
+        }
     } else if (act_type == GGML_TYPE_Q8_1) {
         const block_q8_1* b = (const block_q8_1*)a;
         for (int64_t i = 0; i < n / QK8_1; i++) out[2 * i] = f16_to_f32(b[i].d), out[2 * i + 1] = f16_to_f32(b[i].s);
