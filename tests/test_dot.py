@@ -169,6 +169,10 @@ def test_tile4_matches_dot(isa, t, rng):
             assert np.array_equal(native.vec_dot_tile4(t, w, a[4:], isa), want[4:]), f"{t.name} n={n}: 4 tokens"
             assert np.array_equal(native.vec_dot_tile4(t, w, a[5:7], isa), want[5:7]), f"{t.name} n={n}: 2 tokens"
             assert np.array_equal(native.vec_dot_tile4(t, w, a[2], isa), want[2:3]), f"{t.name} n={n}: 1 token"
+            if native.has_dot_tile16(t, isa):  # the VNNI tile takes 16 tokens: the same bits again
+                a16 = np.concatenate([a, a[::-1]])
+                assert np.array_equal(native.vec_dot_tile4(t, w, a16, isa), np.concatenate([want, want[::-1]])), \
+                    f"{t.name} n={n}: 16 tokens"
 
 
 @pytest.mark.parametrize("t", [T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0], ids=lambda t: t.name)

@@ -116,11 +116,13 @@ void bind_quant(py::module_& m) {
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
     m.def("vec_dot_tile4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // w: 4 weight rows, contiguous; a: 1, 2, 4 or 8 activation rows; out[token][row]
+        // w: 4 weight rows, contiguous; a: 1, 2, 4 or 8 activation rows (16 where the tile takes them); out[token][row]
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n4 = values_in(type, wb.n, "vec_dot_tile4 weights"), n = n4 / 4;
         int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_tile4 activations");
-        if (n4 % 4 || n % type_traits(type).block_size || (na != n && na != 2 * n && na != 4 * n && na != 8 * n))
+        const bool t16 = dot_kernels(isa_from(isa)).tile16[type];
+        if (n4 % 4 || n % type_traits(type).block_size ||
+            (na != n && na != 2 * n && na != 4 * n && na != 8 * n && !(t16 && na == 16 * n)))
             throw MinferError(strfmt("vec_dot_tile4: weights hold %lld values (4 rows), activations %lld (want 1, 2, 4 or 8 rows)", (long long)n4, (long long)na));
         const int n_tok = int(na / n);
         const DotKernels& k = dot_kernels(isa_from(isa));
@@ -132,6 +134,8 @@ void bind_quant(py::module_& m) {
         k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, true, out.mutable_data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("has_dot_tile16", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile16[type]; },
+          py::arg("type"), py::arg("isa") = py::none());
     m.def("has_dot_tile4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile4[type] != nullptr; },
           py::arg("type"), py::arg("isa") = py::none());
     m.def("has_dot_rows", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).rows[type] != nullptr; },

@@ -49,7 +49,7 @@ typedef float (*vec_dot_fn)(int64_t n, const void* w, const void* a);
 typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t stride, const float* scales,
                                 size_t scales_stride, int n_tok, float* out);
 // The GEMM's wider unit, where an ISA has one: four weight rows
-// (`w_stride` bytes apart) against n_tok (1, 2, 4 or 8) activation rows, into
+// (`w_stride` bytes apart) against n_tok (1, 2, 4 or 8; 16 where DotKernels::tile16) activation rows, into
 // out[k * 4 + r] (token k, weight row r).  Bit-identical to vec_dot_rows_fn
 // and vec_dot_fn of the same ISA on each row, so that which unit the GEMM's
 // tiling picks never changes a result.  `stream`: this is the caller's first
@@ -80,6 +80,7 @@ struct DotKernels {
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)
+    bool tile16[GGML_TYPE_COUNT];             // the tile also takes 16 tokens (its rows unpacked once for them)
 };
 
 // One ISA's kernels, in the order of the table below (weights x activations).

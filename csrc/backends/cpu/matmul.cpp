@@ -76,25 +76,30 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
         // eight, four, then two tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
-        // four weight rows at a time where it has a tile kernel (the same bits either way).  The first pass
-        // over the task's rows reads them from memory: the tile kernel prefetches the next four rows then.
-        for (int step : {8, 4, 2, 1})
-            for (; rows && t + step <= t1; t += step) {
+        // four weight rows at a time where it has a tile kernel (the same bits either way), sixteen tokens where
+        // the tile takes them (rows left over take two passes of eight).  The first pass over the task's rows
+        // reads them from memory: the tile kernel prefetches the next four rows then.
+        const bool t16 = tile4 && kernels.tile16[job.type];
+        for (int step : {16, 8, 4, 2, 1})
+            for (; rows && (step < 16 || t16) && t + step <= t1; t += step) {
                 const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
                 const float* sp = a.sc.data() + t * a.n_sc;
                 float* yt = job.y + t * job.y_ld;
                 int64_t r = r0;
                 for (; tile4 && r + 4 <= r1; r += 4) {
-                    float o[32];
+                    float o[64];
                     tile4(cols, wb + size_t(r) * w_row, w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, t == t0, o);
                     for (int k = 0; k < step; k++)
                         for (int q = 0; q < 4; q++) yt[k * job.y_ld + r + q] = o[4 * k + q];
                 }
-                for (; r < r1; r++) {
-                    float o[8];
-                    rows(cols, wb + size_t(r) * w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, o);
-                    for (int k = 0; k < step; k++) yt[k * job.y_ld + r] = o[k];
-                }
+                for (; r < r1; r++)
+                    for (int h = 0; h < step; h += 8) {  // 16 tokens: two passes of the rows kernel's 8
+                        const int n = step < 8 ? step : 8;
+                        float o[8];
+                        rows(cols, wb + size_t(r) * w_row, ap + size_t(h) * a.row_bytes, a.row_bytes,
+                             sp + h * a.n_sc, size_t(a.n_sc), n, o);
+                        for (int k = 0; k < n; k++) yt[(h + k) * job.y_ld + r] = o[k];
+                    }
             }
         for (; t < t1; t++) {
             const uint8_t* ap = a.p + size_t(t) * a.row_bytes;
