@@ -4,8 +4,8 @@ Builds the extension with MINFER_SANITIZE=ON (build/asan-test, incremental) and
 runs a chosen part of the suite against it in a child process: the GGUF reader
 on malformed files, every quantized kernel and matmul tile at the tested shapes,
 the graph engine on the synthetic llama.cpp fixtures and on split backends,
-sessions, the sampler and the reliability tests.  Any ASan or UBSan report
-aborts the child, so it fails here.  Takes 3-5 minutes on two cores; the whole
+sessions, the sampler, the reliability tests and the batch step and engine.  Any ASan or UBSan report
+aborts the child, so it fails here.  Takes 5-7 minutes on two cores; the whole
 suite under sanitizers is the documented command in tests/RELIABILITY.md."""
 import os
 import shutil
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SUBSET = ["tests/test_gguf_malformed.py", "tests/test_gguf.py", "tests/test_dequant.py", "tests/test_quantize.py",
           "tests/test_dot.py", "tests/test_matmul.py", "tests/test_ops.py", "tests/test_session.py",
           "tests/test_llamacpp_synthetic.py", "tests/test_splits.py", "tests/test_sampler.py",
-          "tests/test_reliability.py"]
+          "tests/test_reliability.py", "tests/test_batch.py"]
 
 
 def _tool(name):
