@@ -103,8 +103,10 @@ int Sampler::sample(const float* logits, int n_vocab) {
     float mx = -INFINITY;
     for (int t : ids_) mx = std::max(mx, work_[size_t(t)]);
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
-    // softmax at the temperature, in double (unnormalized; sum is the total mass)
-    auto weight = [&](int t) { return std::exp((double(work_[size_t(t)]) - double(mx)) / p_.temperature); };
+    // softmax at the temperature, in double (unnormalized; sum is the total mass), each candidate's once
+    wt_.resize(n);
+    for (int t : ids_) wt_[size_t(t)] = std::exp((double(work_[size_t(t)]) - double(mx)) / p_.temperature);
+    auto weight = [&](int t) { return wt_[size_t(t)]; };
     size_t keep = k;
     if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
         double sum = 0.0;

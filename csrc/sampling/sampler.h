@@ -48,6 +48,7 @@ class Sampler {
     std::deque<int> history_;
     uint64_t state_;
     std::vector<float> work_;
+    std::vector<double> wt_;  // each candidate's unnormalized probability, by token id
     std::vector<int> ids_;
 };
 

@@ -40,6 +40,7 @@ class Request:
 
     def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset):
         self.prompt = list(ids)
+        self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
         self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
@@ -80,10 +81,6 @@ class Request:
         return Completion("".join(self._parts), list(self.tokens), self.metrics)
 
     # -- the engine's side --------------------------------------------------------------------------------
-    @property
-    def all_tokens(self) -> list[int]:
-        return self.prompt + self.tokens
-
     def _send(self, piece: str) -> None:
         if piece:
             self._parts.append(piece)
@@ -274,24 +271,25 @@ class Engine:
     def _plan_step(self) -> list[tuple[Request, int]]:
         """(request, tokens it feeds) for this step: one per decoding sequence, then prompt chunks."""
         decoding = [r for r in self._running if r.n_kv == len(r.all_tokens) - 1 and r.tokens]
-        for r in list(decoding):  # room for the token each will write: preempt the newest when out of blocks
-            if r not in self._running:
+        for r in decoding:  # room for the token each will write: preempt the newest when out of blocks
+            if r.blocks is None:  # preempted by an earlier one of these
                 continue
             toks = r.all_tokens
             while r.blocks.n_tokens < len(toks) and not self.pool.can_append(r.blocks):
                 if self._preempt() is r:
                     break
-            if r in self._running and r.blocks.n_tokens < len(toks):
+            if r.blocks is not None and r.blocks.n_tokens < len(toks):
                 copy = self.pool.append(r.blocks, toks)
                 if copy is not None:
                     self._runner.copy_block(*copy)
-        batch = [(r, 1) for r in self._running if r in decoding]
+        decode_ids = {id(r) for r in decoding}
+        batch = [(r, 1) for r in self._running if id(r) in decode_ids]
         budget = self.step_tokens - len(batch)
         for r in self._running:
             if budget <= 0:
                 break
             left = len(r.all_tokens) - r.n_kv
-            if r in decoding or left <= 0:
+            if id(r) in decode_ids or left <= 0:
                 continue
             n = min(left, budget)
             batch.append((r, n))
@@ -331,6 +329,7 @@ class Engine:
         else:
             r.sampler.accept(tok)
             r.tokens.append(tok)
+            r.all_tokens.append(tok)
             m.generated_tokens += 1
             r._send(r.text.push(tok))
             if r.text.hit:
