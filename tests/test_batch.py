@@ -234,6 +234,9 @@ def test_engine_greedy_equals_one_at_a_time(tiny_path, tiny_alone, rng):
         assert eng.pool.n_free == eng.pool.n_blocks
     assert [o.tokens for o in outs] == expected
     assert all(o.metrics.stop_reason in ("length", "stop") for o in outs)
+    m = outs[0].metrics
+    assert m.prompt_tokens == len(prompts[0]) and m.generated_tokens == len(outs[0].tokens)
+    assert m.ttft_s > 0 and m.prefill_tps > 0
 
 
 def test_engine_sampling_is_reproducible_and_independent_of_the_batch(tiny_path, tiny_alone, rng):

@@ -49,7 +49,7 @@ class Request:
         self._done = threading.Event()
         self._cancel = threading.Event()
         self._parts: list[str] = []
-        self.t_submit = time.perf_counter()
+        self.t_submit = self.t_admit = time.perf_counter()
         self.t_first: float | None = None
         # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
         self.blocks: SeqBlocks | None = None
@@ -258,6 +258,7 @@ class Engine:
             if not r.admitted:
                 r.metrics.cached_tokens = r.n_kv
                 r.admitted = True
+                r.t_admit = time.perf_counter()
             self._running.append(r)
 
     def _preempt(self) -> Request:
@@ -323,6 +324,7 @@ class Engine:
         if r.t_first is None:
             r.t_first = time.perf_counter()
             m.ttft_s = r.t_first - r.t_submit
+            m.prefill_tps = (m.prompt_tokens - m.cached_tokens) / max(r.t_first - r.t_admit, 1e-9)
         reason = None
         if tok in r.eog:
             reason = "stop"

@@ -18,7 +18,7 @@ class ContextLengthError(_minfer.MinferError, ValueError):
 @dataclass
 class Metrics:
     prompt_tokens: int = 0
-    cached_tokens: int = 0          # prompt tokens whose KV came from the previous call
+    cached_tokens: int = 0          # prompt tokens whose KV was already computed (an earlier call's prefix)
     generated_tokens: int = 0
     ttft_s: float = 0.0             # call start to the first sampled token
     prefill_tps: float = 0.0        # evaluated prompt tokens / prefill time
