@@ -364,3 +364,16 @@ def test_llm_calls_from_threads_run_batched(tiny_path, tiny_alone, rng):
             assert got[i] == e
         else:
             assert streamed[i] == tiny_alone.detokenize(e)
+
+
+def test_llm_with_max_sequences_makes_no_session_until_asked(tiny_path, tiny_alone):
+    """With max_sequences > 1 the engine holds the model (on a GPU, a session would be a second copy of the
+    weights): the session appears only for logits(), whose results are the single-sequence ones."""
+    with minfer.LLM(tiny_path, n_ctx=256, threads=2, max_sequences=4) as llm:
+        assert llm._session is None and llm.n_ctx == 256
+        llm.generate("hello", max_tokens=4)
+        assert llm._session is None
+        ids = llm.tokenize("hello there")
+        assert np.array_equal(llm.logits(ids), tiny_alone.logits(ids))
+    with pytest.raises(minfer.MinferError, match="closed"):
+        llm.generate("hello")

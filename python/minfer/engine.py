@@ -13,7 +13,8 @@ step (Graph.decoder) or one built op by op (Graph().input / .add).  Scheduler as
 backends, fuses, allocates and finds the splits (a Plan), and runs plans: step (tokens at positions),
 step_greedy (the argmax found where the logits are), greedy_chain (one-token steps chained on the device
 where it can).  Session is the convenience over a Scheduler for one sequence (eval -> logits, with its plans
-cached).  The loop that turns logits into the next token lives here, in Python.
+cached).  BatchRunner runs steps of many sequences over one paged KV pool (minfer.batch schedules them).
+The loop that turns logits into the next token lives here, in Python.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ Graph = _minfer.Graph
 Plan = _minfer.Plan
 Scheduler = _minfer.Scheduler
 Session = _minfer.Session
+BatchRunner = _minfer.BatchRunner
 force_kernel = _minfer.force_kernel      # the test hook: force a kernel choice ("auto" gives it back to the rule)
 kernel_choices = _minfer.kernel_choices  # the choices it takes, their values and what they force
 

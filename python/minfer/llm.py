@@ -56,12 +56,16 @@ class LLM:
         self._file = gguf.open(self.path)
         self.tokenizer = tokenizer.from_gguf(self._file)
         self._model = engine.Model(self.path)
-        self._session = engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0, kv_type=kv_type,
-                                       device="" if backend == "auto" else backend)
-        self._engine = None
+        # With max_sequences > 1 the engine holds the weights on the device and every sequence's KV; a session
+        # (a second copy on a GPU) is made only if logits() asks for one.
+        self._new_session = lambda: engine.Session(self._model, n_ctx=n_ctx or 0, threads=threads or 0,
+                                                   kv_type=kv_type, device="" if backend == "auto" else backend)
+        self._session, self._engine, self._closed = None, None, False
         if max_sequences > 1:
-            self._engine = batch.Engine(self.path, n_ctx=self._session.n_ctx, threads=threads, backend=backend,
-                                        kv_type=kv_type, max_sequences=max_sequences, tokenizer=self.tokenizer)
+            self._engine = batch.Engine(self.path, n_ctx=n_ctx, threads=threads, backend=backend, kv_type=kv_type,
+                                        max_sequences=max_sequences, tokenizer=self.tokenizer)
+        else:
+            self._session = self._new_session()
         self._handles: set = set()      # the engine's requests in flight (cancel() stops them)
         self._template = self._file.metadata.get("tokenizer.chat_template")
         self._n_vocab = self._model.config["n_vocab"]
@@ -74,7 +78,7 @@ class LLM:
     # -- basics ------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self._live().n_ctx
+        return self._engine.n_ctx if self._engine is not None and not self._closed else self._live().n_ctx
 
     @property
     def n_vocab(self) -> int:
@@ -108,6 +112,7 @@ class LLM:
             self._engine.close()
             self._engine = None
         with self._lock:
+            self._closed = True
             self._session = None
             self._model = None
             self._cached = []
@@ -146,8 +151,10 @@ class LLM:
 
     # -- internals ---------------------------------------------------------------
     def _live(self):
-        if self._session is None:
+        if self._closed:
             raise _minfer.MinferError("this LLM is closed")
+        if self._session is None:
+            self._session = self._new_session()
         return self._session
 
     def _render(self, messages: list[dict]) -> str:
@@ -171,7 +178,8 @@ class LLM:
             ids = self.tokenize(prompt, parse_special=parse_special)
         else:
             ids = list(prompt)
-        self._live()
+        if self._closed:
+            raise _minfer.MinferError("this LLM is closed")
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
         if self._engine is not None:
             return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
