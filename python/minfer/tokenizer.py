@@ -91,6 +91,7 @@ class _Vocabulary:
             if t in EOG_TEXTS and self.types[i] == NORMAL:
                 self.types[i] = CONTROL
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
+        self._bytes: dict[int, bytes] = {}  # token_bytes of tokens decoded so far
 
         def pick(key):
             v = meta.get(key)
@@ -212,7 +213,10 @@ class BPETokenizer(_Vocabulary):
             return t.encode() if special else b""
         if ty == USER_DEFINED:
             return t.encode()
-        return bytes(self.char_to_byte.get(c, ord("?")) for c in t)
+        b = self._bytes.get(tok)
+        if b is None:  # streaming asks for the same tokens over and over: each one's bytes are made once
+            b = self._bytes[tok] = bytes(self.char_to_byte.get(c, ord("?")) for c in t)
+        return b
 
 
 class Detokenizer:
