@@ -135,3 +135,20 @@ def test_greedy_with_bias_and_penalties_matches_reference():
     inf[3] = np.inf
     with pytest.raises(minfer.MinferError, match="logit 3 is NaN after its logit_bias"):
         S(n, logit_bias={3: float("-inf")}).sample(inf)
+
+
+def test_sample_rows_is_each_sampler_in_turn():
+    """A batch step's rows sampled in parallel (one sampler each) give the tokens the samplers give one call
+    at a time; the shapes are checked."""
+    rng = np.random.default_rng(5)
+    logits = rng.standard_normal((9, 1000)).astype(np.float32) * 3
+    params = [dict(temperature=0.5 + 0.1 * i, top_k=(0, 40)[i % 2], top_p=(1.0, 0.9)[i % 3 == 0], seed=i) for i in range(9)]
+    a = [S(1000, **p) for p in params]
+    b = [S(1000, **p) for p in params]
+    for _ in range(5):
+        got = minfer._minfer.sample_rows(a, logits)
+        assert list(got) == [s.sample(row) for s, row in zip(b, logits)]
+    with pytest.raises(ValueError, match="len\\(samplers\\)"):
+        minfer._minfer.sample_rows(a[:3], logits)
+    with pytest.raises(minfer.MinferError, match="vocabulary of 1000"):  # raised in a worker, carried back
+        minfer._minfer.sample_rows(a[:1], logits[:1, :5])

@@ -308,15 +308,20 @@ class Engine:
             lens.append(n)
             tables[i, :len(r.blocks.table)] = r.blocks.table
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
-        sampling = [r for r, n in batch if r.n_kv + n == len(r.all_tokens)]
-        greedy = all(r.sampler.greedy for r in sampling)
-        out = runner.step_greedy(*args) if greedy else runner.step(*args)
+        rows = [i for i, (r, n) in enumerate(batch) if r.n_kv + n == len(r.all_tokens)]  # those that sample
+        greedy = all(batch[i][0].sampler.greedy for i in rows)
+        if greedy:
+            picked = runner.step_greedy(*args)
+        else:
+            logits = runner.step(*args)
+            picked = np.zeros(len(batch), np.int32)
+            picked[rows] = _minfer.sample_rows([batch[i][0].sampler for i in rows], logits[rows])
         self.steps += 1
         for i, (r, n) in enumerate(batch):
             r.n_kv += n
             self.pool.written(r.blocks, r.all_tokens, r.n_kv)
             if r.n_kv == len(r.all_tokens):
-                self._take(r, int(out[i]) if greedy else r.sampler.sample(out[i]))
+                self._take(r, int(picked[i]))
 
     def _take(self, r: Request, tok: int) -> None:
         """A sequence's next token: streamed, or the end of it."""
