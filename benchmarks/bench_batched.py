@@ -51,7 +51,7 @@ def kv_bytes_per_token(model) -> int:
     return 2 * c["n_layer"] * c["n_head_kv"] * c["head_dim"] * 2  # f16 K and V
 
 
-def run_minfer(runner, P: int, T: int, B: int) -> dict:
+def run_minfer(runner, P: int, T: int, B: int, after_prompts=lambda: None) -> dict:
     vocab = runner.n_vocab
     rng = np.random.default_rng(B)
     prompts = rng.integers(100, min(vocab, 30000), size=(B, P)).astype(np.int32)
@@ -80,6 +80,7 @@ def run_minfer(runner, P: int, T: int, B: int) -> dict:
         last = runner.step_greedy(np.array(toks, np.int32), np.array(pos, np.int32), np.array(lens, np.int32),
                                   tables[seqs])
     t_pp = time.perf_counter() - t0
+    after_prompts()
     nxt = np.full(B, int(last[-1]), np.int32)
     ones = np.ones(B, np.int32)
     t0 = time.perf_counter()
@@ -134,23 +135,11 @@ def profile(model, a, P: int, T: int) -> None:
     B = a.profile
     runner = _minfer.BatchRunner(model, n_ctx=P + T + 16, threads=a.threads, device=a.device,
                                  kv_tokens=B * (P + T + 32), block_size=32)
-    before = {}
 
     def snap():
         return {k: v[0] for k, v in runner.op_profile().items()}
-    orig = runner.step_greedy
-
-    def step_greedy(*args):  # the prompt steps run first: the decode steps' share is the difference
-        nonlocal before
-        out = orig(*args)
-        if len(args[0]) > B or not before:
-            before = snap()
-        return out
-    runner_proxy = type("R", (), {})()
-    for k in ("n_vocab", "block_size", "max_blocks"):
-        setattr(runner_proxy, k, getattr(runner, k))
-    runner_proxy.step_greedy = step_greedy
-    run_minfer(runner_proxy, P, T, B)
+    before = {}
+    run_minfer(runner, P, T, B, after_prompts=lambda: before.update(snap()))  # decode's share: the difference
     after = snap()
     rows = sorted(((after[k] - before.get(k, 0.0)) / T * 1e3, k) for k in after)
     print(f"# per decode step at B={B}: {sum(r[0] for r in rows):.2f} ms")

@@ -109,7 +109,7 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
         if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
             throw MinferError("batch step: two tokens of the step write the same KV row (a shared block needs a copy first)");
     }
-    for (const auto& f : sched_.model().gguf().files()) f->check_unchanged();
+    sched_.check_model_unchanged();
     Plan& pl = plan(n, n_seqs);
     pl.write_input(InputKind::Tokens, tokens, n);
     pl.write_input(InputKind::Positions, positions, n);

@@ -148,13 +148,17 @@ void Scheduler::check_step(const int32_t* tokens, int n, int start_pos) const {
             throw MinferError(strfmt("eval: token id %d at index %d is out of range [0, %d)", tokens[i], i, c.n_vocab));
 }
 
+void Scheduler::check_model_unchanged() const {
+    // A weights file changed by another process is an error here, before any of its pages is read again
+    // (see MappedFile::check_unchanged).
+    for (const auto& f : model_->gguf().files()) f->check_unchanged();
+}
+
 void Scheduler::write_step(Plan& pl, const int32_t* tokens, int n, int start_pos) {
     check_step(tokens, n, start_pos);
     if (n != pl.graph().params.n_tokens)
         throw MinferError(strfmt("eval: %d tokens for a plan of %d", n, pl.graph().params.n_tokens));
-    // A safe point: a weights file changed by another process is an error here,
-    // before any of its pages is read again (see MappedFile::check_unchanged).
-    for (const auto& f : model_->gguf().files()) f->check_unchanged();
+    check_model_unchanged();
     std::vector<int32_t> pos((size_t)(n));
     for (int i = 0; i < n; i++) pos[size_t(i)] = start_pos + i;
     pl.write_input(InputKind::Tokens, tokens, n);

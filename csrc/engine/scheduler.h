@@ -59,6 +59,8 @@ class Scheduler {
     GraphParams step_params(int n_tokens, bool all_logits) const;
     // MinferError for a step that cannot run: no tokens, a bad position, past the context, a bad token id.
     void check_step(const int32_t* tokens, int n, int start_pos) const;
+    // MinferError if a weights file changed on disk since it was mapped: a safe point before a step reads it.
+    void check_model_unchanged() const;
     // Checks a step and writes its tokens and positions start_pos.. into the plan's inputs.
     void write_step(Plan& plan, const int32_t* tokens, int n, int start_pos);
     // Executes a plan (sync = false leaves the last split's backend running: the caller reads through it).

@@ -156,10 +156,8 @@ class Engine:
         if self.pool.blocks_for(len(ids) + room) > self.pool.n_blocks:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
                                      f"{self.pool.n_blocks * self.pool.block_size}")
-        req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling), StopText(self.tokenizer, stop),
+        req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
                       self.tokenizer.special.eog)
-        for t in ids:  # the prompt counts for the repetition penalties
-            req.sampler.accept(t)
         if max_tokens == 0:
             req._finish("length")
             return req

@@ -47,9 +47,13 @@ def check_request(max_tokens: int, sampling: dict) -> None:
         raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
 
 
-def make_sampler(n_vocab: int, sampling: dict):
-    """A native Sampler for these parameters (a random seed when none is given); ValueError names a bad one."""
+def make_sampler(n_vocab: int, sampling: dict, prompt=()):
+    """A native Sampler for these parameters (a random seed when none is given), the prompt's tokens already
+    in its penalty window; ValueError names a bad parameter."""
     params = dict(sampling)
     params["logit_bias"] = {int(k): float(v) for k, v in (params.get("logit_bias") or {}).items()}
     params["seed"] = int(params["seed"]) if params.get("seed") is not None else int.from_bytes(os.urandom(8), "little")
-    return _minfer.Sampler(n_vocab, **params)
+    sampler = _minfer.Sampler(n_vocab, **params)
+    for t in prompt:  # the prompt counts for the repetition penalties
+        sampler.accept(int(t))
+    return sampler

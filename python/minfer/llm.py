@@ -183,7 +183,7 @@ class LLM:
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
         if self._engine is not None:
             return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
-        sampler = make_sampler(self.n_vocab, sampling)  # ValueError naming a bad parameter, before any work
+        sampler = make_sampler(self.n_vocab, sampling, ids)  # ValueError naming a bad parameter, before any work
         return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out)
 
 
@@ -234,8 +234,6 @@ class _Generation:
             llm._cached = list(ids)
             t_prefill = time.perf_counter() - t0
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
-            for t in ids:  # the prompt counts for the repetition penalties (the sampler keeps its window)
-                self.sampler.accept(t)
             text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
             chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains

@@ -204,16 +204,21 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         if (!pages) continue;
         const int s = pages->seq[r];
         if (s < 0 || s >= pages->n_seqs) throw MinferError(strfmt("Attn: row %lld has sequence %d of %d", (long long)r, s, pages->n_seqs));
-        for (int b = 0; b <= pos[r] / bs; b++) {
+        if (r == 0 || pages->seq[r] != pages->seq[r - 1]) runs.push_back({r, r + 1});
+        else runs.back().second = r + 1;
+    }
+    if (!pages) runs.push_back({0, rows});
+    for (auto [a, e] : pages ? runs : decltype(runs){}) {  // every block a run's rows read, once a run
+        const int s = pages->seq[a];
+        int last = 0;
+        for (int64_t r = a; r < e; r++) last = std::max(last, pos[r]);
+        for (int b = 0; b <= last / bs; b++) {
             const int id = pages->tables[size_t(s) * size_t(pages->max_blocks) + size_t(b)];
             if (id < 0 || int64_t(id) * bs >= kv.n_ctx)
                 throw MinferError(strfmt("Attn: sequence %d's block %d is %d, outside the pool of %d blocks", s, b, id,
                                          kv.n_ctx / bs));
         }
-        if (r == 0 || pages->seq[r] != pages->seq[r - 1]) runs.push_back({r, r + 1});
-        else runs.back().second = r + 1;
     }
-    if (!pages) runs.push_back({0, rows});
     // Tasks: (kv head, block of query rows, part of the heads sharing that kv
     // head).  A task reads its kv head's keys and values once, in chunks of
     // kChunk positions converted to f32 (exact: f16 and q8_0 values are floats)

@@ -72,6 +72,17 @@ __device__ __forceinline__ void kv_load8(uint32_t kv_type, const uint8_t* base, 
 
 }  // namespace
 
+static void check_heads(const AttnShape& a) {
+    if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
+        throw MinferError(strfmt("CUDA attention: head_dim %d (at most %d), %d heads over %d KV heads", a.head_dim,
+                                 kMaxHeadDim, a.n_head, a.n_head_kv));
+}
+
+static void check_splits(const AttnShape& a, int S) {
+    if (size_t(S) * sizeof(float) > 48 * 1024)  // the combine's weights live in shared memory
+        throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
+}
+
 // Decode over an f16 cache takes the warp-split kernels; the kernel choice cuda.attention=general forces the
 // general one (tests compare them).
 bool decode_f16_kernel_on() { return forced_kernel("cuda.attention") != "general"; }
@@ -108,9 +119,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
                float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s) {
     if (q8.q && a.head_dim % 32)
         throw MinferError(strfmt("CUDA attention: 8-bit output needs head_dim %% 32 == 0, got %d", a.head_dim));
-    if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
-        throw MinferError(strfmt("CUDA attention: head_dim %d (at most %d), %d heads over %d KV heads", a.head_dim,
-                                 kMaxHeadDim, a.n_head, a.n_head_kv));
+    check_heads(a);
     if (attention_uses_tensor_cores(a)) {
         const TcLayout L(a.head_dim);
         static bool raised = false;  // the opt-in above 48 KB of shared memory, once per process
@@ -125,8 +134,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         return check_launch("attention_prefill_tc");
     }
     const int S = attention_splits(a);
-    if (size_t(S) * sizeof(float) > 48 * 1024)  // the combine's weights live in shared memory
-        throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
+    check_splits(a, S);
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
     const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
@@ -156,12 +164,9 @@ size_t attention_paged_scratch_floats(const AttnShape& a) {
 void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
                      cudaStream_t s) {
-    if (a.head_dim > kMaxHeadDim || a.n_head_kv <= 0 || a.n_head % a.n_head_kv)
-        throw MinferError(strfmt("CUDA attention: head_dim %d (at most %d), %d heads over %d KV heads", a.head_dim,
-                                 kMaxHeadDim, a.n_head, a.n_head_kv));
+    check_heads(a);
     const int S = (a.n_ctx + kChunk - 1) / kChunk;  // splits past a row's position exit at once
-    if (size_t(S) * sizeof(float) > 48 * 1024)
-        throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
+    check_splits(a, S);
     const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));
     // f16 rows of 64 or 128 in blocks of whole warps' 32 positions: the decode kernel's coalesced warps, a row each
     if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
