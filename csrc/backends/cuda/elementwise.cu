@@ -95,6 +95,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
 
 __global__ void pick_rows_kernel(const float* __restrict__ x, int64_t ldx, int x_rows, const int32_t* __restrict__ idx,
                                  float* __restrict__ y, int64_t ldy, int cols, uint32_t* err) {
+    pdl_start();  // x is the kernel before's output (launched as a dependent, this must wait for it)
     const int r = blockIdx.y, i = idx[r];
     if (i < 0 || i >= x_rows) {
         if (threadIdx.x == 0 && blockIdx.x == 0) atomicOr(err, kBadPosition);
