@@ -99,17 +99,23 @@ def test_llamacpp_fixtures_through_the_batch_path(name, ids, device, rng):
 
 @pytest.mark.parametrize("backend,kernel", [("cpu", ""), ("reference", ""),
                                             pytest.param("cuda", "auto", marks=pytest.mark.gpu),
-                                            pytest.param("cuda", "general", marks=pytest.mark.gpu)])
+                                            pytest.param("cuda", "general", marks=pytest.mark.gpu),
+                                            pytest.param("cuda", "group=1", marks=pytest.mark.gpu),
+                                            pytest.param("cuda", "group=all", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("kv_type", ["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("bs", [16, 32])
 def test_paged_attention_against_float64(rng, force, backend, kernel, kv_type, bs):
     """KvStore at pool rows and Attn through block tables (two sequences, scattered blocks, a prefill chunk
     of one and a decode row of the other) against softmax attention in float64 over the rows the test
-    placed itself.  CUDA: blocks of 32 over an f16 cache take the decode kernel's warps, else (or with
+    placed itself.  CUDA: blocks of 32 over an f16 cache take the decode kernel's warps (a block per query
+    head, or per KV head attending its query heads in turn: group=1 / group=all), else (or with
     cuda.attention=general) the general kernel."""
     if backend == "cuda":
         require_cuda()
-        force("cuda.attention", kernel)
+        if kernel.startswith("group="):
+            force("cuda.attention_group", kernel[6:])
+        else:
+            force("cuda.attention", kernel)
     model = _minfer.Model(str(synthetic_model(TINY)))
     sess = _minfer.Session(model, threads=2, device="cuda" if backend == "cuda" else "cpu")
     n_head, n_head_kv, hd, n_blocks, max_blocks = 8, 2, 64, 12, 4

@@ -28,6 +28,7 @@ const std::vector<KernelChoiceSpec> kChoices = {
      "before the attention's / the FFN's projections only"},
     {"cuda.attention", "general", "decode attention through the general kernel"},
     {"cuda.attention_merge", "cluster|combine", "decode attention's splits merged by a block cluster or a second launch"},
+    {"cuda.attention_group", "1|all", "a batch's paged decode attention: a block per query head, or per KV head"},
     {"metal.matmul", "matvec|rows|simdgroup", "one matmul tier for every row count"},
     {"metal.attention", "flash|split", "the single-pass flash kernel or the split kernel with a combine"},
 };

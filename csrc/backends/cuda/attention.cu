@@ -146,7 +146,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
                dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
-               (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0));
+               (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), 1);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
@@ -154,6 +154,18 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
                size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
+}
+
+// How many query heads of one KV head a paged decode block attends (attention_decode_f16's group): all of
+// them where the grid still has two blocks an SM (rows x KV heads x splits), else one.  Grouped, a sequence's
+// K and V rows are read once a KV head instead of once a query head.  The kernel choice cuda.attention_group
+// forces one (tests compare them).
+int paged_head_group(const AttnShape& a, int S) {
+    const int G = a.n_head / a.n_head_kv;
+    const std::string v = forced_kernel("cuda.attention_group");
+    if (v == "1") return 1;
+    if (v == "all") return G;
+    return int64_t(a.rows) * a.n_head_kv * S >= 2 * int64_t(sm_count()) ? G : 1;
 }
 
 size_t attention_paged_scratch_floats(const AttnShape& a) {
@@ -170,10 +182,13 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
     const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));
     // f16 rows of 64 or 128 in blocks of whole warps' 32 positions: the decode kernel's coalesced warps, a row each
     if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
-        decode_f16_kernel_on())
-        launch("attention_paged", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>, grid,
-               dim3(kThreads), 0, s, a, q, pos, (const __half*)K, (const __half*)V, out, scratch, err, pages, ldq, ldo);
-    else
+        decode_f16_kernel_on()) {
+        const int group = paged_head_group(a, S);
+        auto kernel = group > 1 ? (a.head_dim == 64 ? attention_decode_f16<64, true> : attention_decode_f16<128, true>)
+                                : (a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>);
+        launch("attention_paged", kernel, dim3(unsigned(a.n_head / group), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s, a, q, pos,
+               (const __half*)K, (const __half*)V, out, scratch, err, pages, ldq, ldo, group);
+    } else
         launch("attention_paged", attention_kernel, grid, dim3(kThreads), 0, s, a, q, ldq, pos, (const uint8_t*)K,
                (const uint8_t*)V, out, ldo, scratch, err, pages);
     if (S > 1)

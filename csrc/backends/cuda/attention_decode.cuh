@@ -148,32 +148,39 @@ __device__ __forceinline__ float chunk_attend(const AttnShape& a, const uint4 (&
 // head dim (64 or 128).  Its partials have the form of the general kernel's.
 // A batch step (pg.seq set) runs every row at once, blockIdx.y = row, each over its own sequence's blocks: a
 // warp's 32 positions lie in one pool block (block_size a multiple of 32), so its loads stay as they are,
-// from that block.
-template <int HD>
+// from that block.  `group` query heads share a block (blockIdx.x heads group x .. group x + group - 1, all of
+// one KV head): the K and V rows are loaded once and attended by each head in turn, so a batch of many rows
+// reads each sequence's cache once a KV head, not once a query head (GROUPED: built apart, since keeping the
+// rows live across the heads costs registers the one-head build should not pay).
+template <int HD, bool GROUPED = false>
 __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, const float* __restrict__ q,
                                                                 const int32_t* __restrict__ pos,
                                                                 const __half* __restrict__ K,
                                                                 const __half* __restrict__ V, float* __restrict__ out,
                                                                 float* __restrict__ partial, uint32_t* err,
-                                                                KvPages pg, int64_t ldq, int64_t ldo) {
+                                                                KvPages pg, int64_t ldq, int64_t ldo, int group) {
     constexpr int W = kThreads / 32;
+    const int G = GROUPED ? group : 1;
     __shared__ float qs[HD];
     __shared__ float wm[W], wl[W];
     __shared__ float wo[W][HD];
-    const int h = blockIdx.x, r = blockIdx.y, z = blockIdx.z, S = gridDim.z;
-    const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
+    const int h0 = blockIdx.x * G, r = blockIdx.y, z = blockIdx.z, S = gridDim.z;
+    const int dim = a.n_head_kv * HD, col0 = (h0 / (a.n_head / a.n_head_kv)) * HD;
     const int warp = threadIdx.x >> 5, d = threadIdx.x;
     const int p = pos[r];
-    float* o_final = out + int64_t(r) * ldo + int64_t(h) * HD;
-    float* part = partial + ((int64_t(r) * a.n_head + h) * S + z) * (HD + 2);
+    auto o_final = [&](int h) { return out + int64_t(r) * ldo + int64_t(h) * HD; };
+    auto part = [&](int h) { return partial + ((int64_t(r) * a.n_head + h) * S + z) * (HD + 2); };
     if (p < 0 || p >= a.n_ctx) {  // uniform over the block
         pdl_start();
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
-        for (int d = threadIdx.x; d < HD; d += kThreads) {
-            if (S == 1) o_final[d] = 0.0f;
-            else part[2 + d] = 0.0f;
+        for (int g = 0; g < G; g++) {
+            const int h = h0 + g;
+            for (int d = threadIdx.x; d < HD; d += kThreads) {
+                if (S == 1) o_final(h)[d] = 0.0f;
+                else part(h)[2 + d] = 0.0f;
+            }
+            if (S > 1 && threadIdx.x == 0) part(h)[0] = -INFINITY, part(h)[1] = 0.0f;
         }
-        if (S > 1 && threadIdx.x == 0) part[0] = -INFINITY, part[1] = 0.0f;
         return;
     }
     // A split past the position holds nothing visible and the combine reads only splits z <= p / kChunk: it
@@ -196,15 +203,19 @@ __global__ void __launch_bounds__(kThreads) attention_decode_f16(AttnShape a, co
     pdl_start();
     WarpRows<HD>::load(kr, K, dim, col0, j0, p, p + 1);
     WarpRows<HD>::load(vr, V, dim, col0, j0, p, p + 1);
-    for (int d = threadIdx.x; d < HD; d += kThreads) qs[d] = q[int64_t(r) * ldq + int64_t(h) * HD + d];
-    __syncthreads();
-    float M, L;
-    const float o = chunk_attend<HD>(a, kr, vr, qs, j0, p, wm, wl, wo, M, L);
-    if (d < HD) {
-        if (S == 1) o_final[d] = L > 0.0f ? o / L : 0.0f;
-        else part[2 + d] = o;
+    for (int g = 0; g < G; g++) {
+        const int h = h0 + g;
+        if (g > 0) __syncthreads();  // every warp is done with the previous head's q and merge
+        for (int i = threadIdx.x; i < HD; i += kThreads) qs[i] = q[int64_t(r) * ldq + int64_t(h) * HD + i];
+        __syncthreads();
+        float M, L;
+        const float o = chunk_attend<HD>(a, kr, vr, qs, j0, p, wm, wl, wo, M, L);
+        if (d < HD) {
+            if (S == 1) o_final(h)[d] = L > 0.0f ? o / L : 0.0f;
+            else part(h)[2 + d] = o;
+        }
+        if (S > 1 && threadIdx.x == 0) part(h)[0] = M, part(h)[1] = L;
     }
-    if (S > 1 && threadIdx.x == 0) part[0] = M, part[1] = L;
 }
 
 // attention_decode_f16's chunk arithmetic with its splits merged in the kernel: one thread-block cluster of
