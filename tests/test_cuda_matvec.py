@@ -39,7 +39,7 @@ def check_against_float64(rng, wtype, n, k, rows, path):
     S = np.abs(x).astype(np.float64) @ np.abs(W).T
     if path == "f32":  # matvec: f32 products summed in f32 (gamma_K)
         bound = 2 * k * U * S
-    elif path == "q8":  # x rounded to 8 bits per 32 values (error <= d / 2, d = amax / 127), then as f32
+    elif path in ("q8", "mma"):  # x rounded to 8 bits per 32 values (error <= d / 2, d = amax / 127), then as f32
         d = np.abs(x).astype(np.float64).reshape(rows, k // 32, 32).max(-1) / 127
         bound = 0.5 * (1 + 1e-5) * (d @ np.abs(W).reshape(n, k // 32, 32).sum(-1).T) + 2 * k * U * S
     else:              # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
@@ -47,6 +47,30 @@ def check_against_float64(rng, wtype, n, k, rows, path):
     err = np.abs(y - ref)
     assert np.all(np.isfinite(y))
     assert np.all(err <= bound + 1e-30), f"max err {err.max():.3g}, worst ratio {(err / (bound + 1e-30)).max():.3g}"
+
+
+MMA = [("q4_k", 1536, 8960), ("q4_k", 1003, 2048), ("q6_k", 8960, 1536), ("q6_k", 77, 3584), ("q8_0", 896, 4864),
+       ("q8_0", 1003, 896)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 33, 64])
+@pytest.mark.parametrize("wtype,n,k", MMA)
+def test_mma_matmul_against_float64(rng, wtype, n, k, rows):
+    """A batch's decode product on the int8 tensor cores (gemm_q8: 1, 2, 4 and 8 tiles of 8 rows; rows past N
+    and M; K split where the shape asks) against float64, with the bound of rounding x to 8 bits."""
+    check_against_float64(rng, wtype, n, k, rows, "mma")
+
+
+@pytest.mark.parametrize("wtype,n,k", MMA[::2])
+def test_mma_rows_do_not_depend_on_the_batch(rng, wtype, n, k):
+    """A row's product is the same bits whatever other rows share the call: integer sums, the same split and the
+    same order of the f32 adds at every row count."""
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    full, _ = M.cuda_matmul(t, w, x, n, path="mma")
+    for rows in (2, 7, 16, 40):
+        part, _ = M.cuda_matmul(t, w, x[:rows], n, path="mma")
+        assert np.array_equal(part, full[:rows]), rows
 
 
 @pytest.mark.parametrize("kernel", ["block", "warp"])

@@ -23,6 +23,29 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     int64_t ldx = a.in[0].ld;
     float* y = at(a.out);
     const int64_t ldy = a.out.ld;
+    // a batch step's products on the int8 tensor cores where every part has them (cuda.batch_matmul=f16: gemm_q)
+    bool mma = rows > 1 && decode_q8_ && forced_kernel("cuda.batch_matmul") != "f16";
+    for (const Proj& p : parts) mma = mma && cuda::gemm_q8_fits(p.w->type, rows, K);
+    if (forced_kernel("cuda.batch_matmul") == "int8" && rows > 1 && rows <= cuda::kGemmQ8MaxRows && !mma)
+        throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=int8, but %d rows of these weights have no int8 product",
+                                 node.name.c_str(), rows));
+    if (mma) {
+        const cuda::Q8Act xq =
+            cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4), rows, K);
+        const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
+        if (!ready) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
+        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+        for (size_t i = 0; i < parts.size(); i++) {
+            const Proj& p = parts[i];
+            const int splits = cuda::gemm_q8_splits(p.w->type, rows, p.n_out, K);
+            float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
+                                        : nullptr;
+            if (swiglu && i == 1) cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, up, p.n_out, nullptr, partial, stream_);
+            else cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, y + p.y_col, ldy, p.bias, partial, stream_);
+        }
+        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+        return false;
+    }
     if (rows <= kMatvecMaxRows) {  // decode: weights streamed once
         MatvecArgs m;
         m.n_parts = int(parts.size());

@@ -271,6 +271,12 @@ void gemm_q(uint32_t wtype, const __half* xh, int64_t M, const uint8_t* W, int64
     }
 }
 
+void gemm_reduce(const float* partial, int splits, int64_t M, int64_t N, float* y, int64_t ldy, const float* bias,
+                 cudaStream_t s) {
+    gemm_reduce_kernel<<<unsigned((M * N + 255) / 256), 256, 0, s>>>(partial, splits, M, N, y, ldy, bias);
+    check_launch("gemm_reduce");
+}
+
 int gemm_splits(int64_t M, int64_t N, int64_t K) {
     // Small grids (few output tiles, long K) leave SMs idle: split K so there are ~2 blocks per SM.
     const int64_t tiles = ((M + BM - 1) / BM) * ((N + BN - 1) / BN);

@@ -92,6 +92,20 @@ int gemm_q_splits(int64_t M, int64_t N, int64_t K);
 void gemm_q(uint32_t wtype, const __half* X, int64_t M, const uint8_t* W, int64_t N, int64_t K, float* y, int64_t ldy,
             const float* bias, float* partial, cudaStream_t s);
 
+// A batch's decode product on 8-bit activations (gemm_q8.cu): x already quantized (quantize_q8, laid out as
+// q8_act), Q4_K / Q6_K / Q8_0 weights, int8 tensor-core products; each weight byte read once a call.
+// partial: gemm_q8_splits(...) * M * N floats of scratch (or null: no split).
+constexpr int kGemmQ8MaxRows = 64;
+bool gemm_q8_fits(uint32_t type, int64_t M, int64_t K);
+int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
+void gemm_q8(uint32_t wtype, Q8Act x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
+             const float* bias, float* partial, cudaStream_t s);
+// x [rows, K] (ldx apart) rounded to 8-bit blocks of 32 into q8 (matvec_q8's activations).
+void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s);
+// y = the sum over `splits` partials [splits][M][N] in order (+ bias): split K's second step.
+void gemm_reduce(const float* partial, int splits, int64_t M, int64_t N, float* y, int64_t ldy, const float* bias,
+                 cudaStream_t s);
+
 // Embedding gather: y[r, :] = dequant(W[ids[r], :]) (elementwise.cu).
 void get_rows(uint32_t wtype, const uint8_t* W, int64_t n_rows_w, int64_t K, const int32_t* ids, int rows,
               float* y, int64_t ldy, uint32_t* err, cudaStream_t s);

@@ -307,6 +307,12 @@ size_t matvec_q8_scratch_bytes(int rows, int64_t K) {
     return size_t(rows) * size_t(K) + size_t(rows) * size_t(K / 32) * sizeof(float2) + 16;
 }
 
+void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s) {
+    if (K % 32) throw MinferError(strfmt("CUDA quantize_q8: width %lld is not a multiple of 32", (long long)K));
+    launch("quantize_x", quantize_x_kernel, dim3(unsigned((K / 32 + 7) / 8), unsigned(rows)), dim3(256), 0, s, x, ldx, K,
+           q8.q, q8.ds);
+}
+
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s) {
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 64)
         throw MinferError(strfmt("CUDA matvec_q8: %d rows of width %lld (1..%d rows; width a multiple of 64)", a.n_rows,
@@ -319,10 +325,7 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
         if (!matvec_q8_supported(a.part[p].type, a.K))
             throw MinferError(strfmt("CUDA matvec_q8: weight type %u has no 8-bit-activation kernel", a.part[p].type));
     const Q8Act x = q8_act(scratch, a.n_rows, a.K);
-    const int64_t blocks = a.K / 32;
-    if (!quantized)
-        launch("quantize_x", quantize_x_kernel, dim3(unsigned((blocks + 7) / 8), unsigned(a.n_rows)), dim3(256), 0, s,
-               a.x, a.ldx, a.K, x.q, x.ds);
+    if (!quantized) quantize_q8(a.x, a.ldx, a.n_rows, a.K, x, s);
     const XQ xq{x.q, x.ds, a.K};
     if (a.rope.pos) {
         if (!matvec_q8_rope_fusable(a))
