@@ -18,7 +18,9 @@ over its time, against the machine's streaming-read rate (`roof`, the GPU's copy
 sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's B*T / T for
 the same B.  --prefix N: 16 requests sharing an N-token system prompt, each sent after the previous one's
 first token, to minfer.batch.Engine: the time to first token of the 1st (computes the prefix) against the
-16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.
+16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.  --overhead B:
+the engine's own time a step (scheduling, the step's arrays, streaming) with B greedy sequences of the tiny
+synthetic model, its steps timed apart: the host's share of a step, whatever device runs the steps.
 """
 from __future__ import annotations
 
@@ -148,6 +150,34 @@ def profile(model, a, P: int, T: int) -> None:
             print(f"  {k:14s} {ms:8.3f} ms")
 
 
+def engine_overhead(B: int, threads: int, T: int = 64) -> tuple[float, float]:
+    """(the engine's own ms a step, the steps' ms) for B greedy sequences of 16 prompt tokens and T tokens
+    each, on the tiny synthetic model (the CPU runs its steps; only the time around them is the engine's)."""
+    from conftest import synthetic_model
+    from minfer.batch import Engine
+
+    rng = np.random.default_rng(0)
+    with Engine(str(synthetic_model("qwen2-tiny-f32")), threads=threads, max_sequences=B, n_ctx=256) as eng:
+        prompts = [list(map(int, rng.integers(100, 30000, size=16))) for _ in range(B)]
+        eng.generate_batch(prompts[:2], max_tokens=4)  # warm-up
+        runner, in_steps = eng._runner, [0.0]
+
+        class Timed:  # the runner with its steps' time counted
+            def __getattr__(self, k):
+                return getattr(runner, k)
+
+            def step_greedy(self, *a):
+                t = time.perf_counter()
+                out = runner.step_greedy(*a)
+                in_steps[0] += time.perf_counter() - t
+                return out
+        eng._runner = Timed()
+        s0, t0 = eng.steps, time.perf_counter()
+        eng.generate_batch(prompts, max_tokens=T)
+        dt, n = time.perf_counter() - t0, eng.steps - s0
+    return (dt - in_steps[0]) / n * 1e3, in_steps[0] / n * 1e3
+
+
 def run_prefix(path: str, threads: int, n_prefix: int, device: str, n_req: int = 16) -> list:
     from minfer.batch import Engine
 
@@ -176,7 +206,13 @@ def main():
     ap.add_argument("--e2e", type=int, default=0, help="also the end-to-end LLM run at this B")
     ap.add_argument("--profile", type=int, default=0, help="only the per-op time of a decode step at this B")
     ap.add_argument("--prefix", type=int, default=0, help="only the prefix-caching run, with this system prompt")
+    ap.add_argument("--overhead", type=int, default=0, help="only the engine's own time a step at this B")
     a = ap.parse_args()
+    if a.overhead:
+        own, steps = engine_overhead(a.overhead, a.threads)
+        print(f"# engine at B={a.overhead}: {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us a "
+              f"sequence), beside {steps:.1f} ms in the tiny model's steps")
+        return
     if a.model.startswith("layout:"):
         from conftest import layout_model
 

@@ -245,6 +245,20 @@ def test_engine_greedy_equals_one_at_a_time(tiny_path, tiny_alone, rng):
     assert m.ttft_s > 0 and m.prefill_tps > 0
 
 
+def test_streamed_text_is_the_result_and_the_single_stream_text(tiny_path, tiny_alone, rng):
+    """Without stop strings the reader's thread turns the streamed ids into text; with them the engine does
+    (a stop ends the sequence): either way the pieces join to the result's text and to LLM's single stream,
+    characters split across tokens included (random ids of a byte-level vocabulary split many)."""
+    prompts = prompts_for(tiny_alone, 4, rng)
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4) as eng:
+        for stop in ((), ("zzz-never",)):
+            alone = [tiny_alone.generate(p, max_tokens=24, stop=stop).text for p in prompts]
+            handles = [eng.submit(p, max_tokens=24, stop=stop) for p in prompts]
+            streamed = ["".join(h) for h in handles]
+            assert streamed == [h.result().text for h in handles] == alone, stop
+    assert any(t for t in alone)
+
+
 def test_engine_sampling_is_reproducible_and_independent_of_the_batch(tiny_path, tiny_alone, rng):
     prompts = prompts_for(tiny_alone, 6, rng)
     params = dict(max_tokens=16, temperature=0.9, top_k=40, seed=11)

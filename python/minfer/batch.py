@@ -15,6 +15,10 @@ one pool (minfer.kv_blocks): a prompt that begins like an earlier one reuses its
 the pool runs out the newest sequence is preempted (its blocks freed, its tokens recomputed when blocks are
 free again: the same tokens come out).  On the CPU a sequence's greedy tokens do not depend on what else is
 in the batch: every kernel computes each row the same way at any batch size.
+
+Text is made where it is read: a request without stop strings streams token ids to its reader, whose thread
+turns them into text, so the engine's step does no per-token text work for it; stop strings need the text
+in the engine (a stop ends the sequence), so those requests are detokenized there.
 """
 from __future__ import annotations
 
@@ -45,7 +49,8 @@ class Request:
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
         self.error: BaseException | None = None
-        self._pieces: queue.Queue = queue.Queue()
+        self._engine_text = bool(text.stops)      # else the reader detokenizes (module docstring)
+        self._pieces: queue.SimpleQueue = queue.SimpleQueue()  # text pieces, or token ids, then _DONE
         self._done = threading.Event()
         self._cancel = threading.Event()
         self._parts: list[str] = []
@@ -62,7 +67,13 @@ class Request:
             if piece is _DONE:
                 if self.error is not None:
                     raise self.error
+                if not self._engine_text and (rest := self.text.flush()):
+                    yield rest
                 return
+            if not self._engine_text:
+                piece = self.text.push(piece)
+                if not piece:
+                    continue
             yield piece
 
     def cancel(self) -> None:
@@ -78,7 +89,10 @@ class Request:
             raise TimeoutError(f"the request did not finish in {timeout} s")
         if self.error is not None:
             raise self.error
-        return Completion("".join(self._parts), list(self.tokens), self.metrics)
+        if self._engine_text:
+            return Completion("".join(self._parts), list(self.tokens), self.metrics)
+        text = StopText(self.text.detok.tok, ())  # its own decoder: an iterating reader may hold self.text
+        return Completion("".join(text.push(t) for t in self.tokens) + text.flush(), list(self.tokens), self.metrics)
 
     # -- the engine's side --------------------------------------------------------------------------------
     def _send(self, piece: str) -> None:
@@ -90,7 +104,7 @@ class Request:
         m = self.metrics
         m.stop_reason = reason
         self.error = error
-        if error is None:
+        if error is None and self._engine_text:
             self._send(self.text.flush())
         now = time.perf_counter()
         if self.t_first is not None and m.generated_tokens > 1:
@@ -336,7 +350,10 @@ class Engine:
             r.tokens.append(tok)
             r.all_tokens.append(tok)
             m.generated_tokens += 1
-            r._send(r.text.push(tok))
+            if r._engine_text:
+                r._send(r.text.push(tok))
+            else:
+                r._pieces.put(tok)
             if r.text.hit:
                 reason = "stop"
             elif m.generated_tokens >= r.max_tokens:
