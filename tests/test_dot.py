@@ -152,6 +152,23 @@ TILE4 = [("avx2", T.Q4_K), ("avx2", T.Q5_0), ("avx2", T.Q6_K), ("avx2", T.Q8_0),
          ("avx512", T.Q5_0), ("avx512", T.Q8_0)]
 
 
+@pytest.mark.parametrize("t", [T.Q5_0, T.Q8_0], ids=lambda v: v.name)
+def test_tile8_matches_dot(t, rng):
+    """AVX-512 VNNI's eight-row unit (one 512-bit product a token for eight rows) gives each row's single-token
+    result bit for bit at 2, 4, 8 and 16 tokens, as the four-row tile does."""
+    require_isa("avx512")
+    assert native.has_dot_tile8(t, "avx512"), f"{t.name} lost its eight-row tile"
+    for n in lengths_for(t):
+        for trial in range(4):
+            w = np.stack([random_weight_row(rng, t, n) for _ in range(8)])
+            x = (rng.standard_normal((16, n)) * (1 + 3 * (trial % 3))).astype(np.float32)
+            a = np.stack([quantize_act(x[k], vec_dot_type(t)) for k in range(16)])
+            want = np.array([[vec_dot(t, w[r], a[k], "avx512") for r in range(8)] for k in range(16)], np.float32)
+            for lo, hi in ((0, 16), (3, 11), (6, 10), (9, 11)):
+                got = native.vec_dot_tile8(t, w, a[lo:hi], "avx512")
+                assert np.array_equal(got, want[lo:hi]), f"{t.name} n={n}: {hi - lo} tokens"
+
+
 @pytest.mark.parametrize("isa,t", TILE4, ids=lambda v: v if isinstance(v, str) else v.name)
 def test_tile4_matches_dot(isa, t, rng):
     """The GEMM's four-row unit (the tiles; AVX2's Q6_K four-row decode kernel) gives each

@@ -115,25 +115,37 @@ void bind_quant(py::module_& m) {
         k.rows[type](n, wb.p, ab.p, rb, sc.data(), size_t(n_sc), n_tok, out.data());
         return out;
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
-    m.def("vec_dot_tile4", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
-        // w: 4 weight rows, contiguous; a: 1, 2, 4 or 8 activation rows (16 where the tile takes them); out[token][row]
+    // w: R (4 or 8) weight rows, contiguous; a: the tile's token counts of activation rows; out[token][row]
+    auto tile = [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa, int R) {
+        const char* name = R == 8 ? "vec_dot_tile8" : "vec_dot_tile4";
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
-        int64_t n4 = values_in(type, wb.n, "vec_dot_tile4 weights"), n = n4 / 4;
-        int64_t na = values_in(vec_dot_type(type), ab.n, "vec_dot_tile4 activations");
-        const bool t16 = dot_kernels(isa_from(isa)).tile16[type];
-        if (n4 % 4 || n % type_traits(type).block_size ||
-            (na != n && na != 2 * n && na != 4 * n && na != 8 * n && !(t16 && na == 16 * n)))
-            throw MinferError(strfmt("vec_dot_tile4: weights hold %lld values (4 rows), activations %lld (want 1, 2, 4 or 8 rows)", (long long)n4, (long long)na));
-        const int n_tok = int(na / n);
+        int64_t nr = values_in(type, wb.n, "tile weights"), n = nr / R;
+        int64_t na = values_in(vec_dot_type(type), ab.n, "tile activations");
         const DotKernels& k = dot_kernels(isa_from(isa));
-        if (!k.tile4[type]) throw MinferError(strfmt("vec_dot_tile4: no %s tile kernel for %s", isa_name(k.isa), type_traits(type).name));
+        const bool t16 = k.tile16[type];
+        if (nr % R || n % type_traits(type).block_size ||
+            ((R == 4 && na != n) && na != 2 * n && na != 4 * n && na != 8 * n && !(t16 && na == 16 * n)))
+            throw MinferError(strfmt("%s: weights hold %lld values (%d rows), activations %lld (want %s2, 4 or 8 rows, "
+                                     "16 where the tile takes them)", name, (long long)nr, R, (long long)na,
+                                     R == 4 ? "1, " : ""));
+        const int n_tok = int(na / n);
+        const vec_dot_tile4_fn fn = R == 8 ? k.tile8[type] : k.tile4[type];
+        if (!fn) throw MinferError(strfmt("%s: no %s tile kernel for %s", name, isa_name(k.isa), type_traits(type).name));
         const size_t rb = ab.n / size_t(n_tok);
         int64_t n_sc;
         const std::vector<float> sc = act_scale_rows(vec_dot_type(type), ab.p, rb, n, n_tok, &n_sc);
-        py::array_t<float> out({py::ssize_t(n_tok), py::ssize_t(4)});
-        k.tile4[type](n, wb.p, wb.n / 4, ab.p, rb, sc.data(), size_t(n_sc), n_tok, true, out.mutable_data());
+        py::array_t<float> out({py::ssize_t(n_tok), py::ssize_t(R)});
+        fn(n, wb.p, wb.n / size_t(R), ab.p, rb, sc.data(), size_t(n_sc), n_tok, true, out.mutable_data());
         return out;
+    };
+    m.def("vec_dot_tile4", [tile](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        return tile(type, w, a, isa, 4);
     }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("vec_dot_tile8", [tile](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
+        return tile(type, w, a, isa, 8);
+    }, py::arg("type"), py::arg("w"), py::arg("a"), py::arg("isa") = py::none());
+    m.def("has_dot_tile8", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile8[type] != nullptr; },
+          py::arg("type"), py::arg("isa") = py::none());
     m.def("has_dot_tile16", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile16[type]; },
           py::arg("type"), py::arg("isa") = py::none());
     m.def("has_dot_tile4", [](uint32_t type, const py::object& isa) { return dot_kernels(isa_from(isa)).tile4[type] != nullptr; },

@@ -40,6 +40,7 @@ DotKernels make_dot_table(Isa isa, const DotFns& f) {
     for (auto& fn : t.rows) fn = nullptr;
     for (auto& fn : t.tile4) fn = nullptr;
     for (auto& b : t.tile16) b = false;
+    for (auto& fn : t.tile8) fn = nullptr;
     t.dot[GGML_TYPE_F32] = f.f32;
     t.dot[GGML_TYPE_F16] = f.f16;
     t.dot[GGML_TYPE_BF16] = f.bf16;

@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "common/error.h"
 #include "common/exp_avx2.h"
 #include "common/half.h"
 #include "quant/quant.h"

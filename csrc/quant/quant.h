@@ -58,6 +58,9 @@ typedef void (*vec_dot_rows_fn)(int64_t n, const void* w, const void* a, size_t 
 // side by side); on later passes the rows sit in cache and it does not.
 typedef void (*vec_dot_tile4_fn)(int64_t n, const void* w, size_t w_stride, const void* a, size_t stride,
                                  const float* scales, size_t scales_stride, int n_tok, bool stream, float* out);
+// The same over eight weight rows (AVX-512 VNNI: one 512-bit product a token for all eight), 2, 4, 8 or 16
+// tokens, into out[k * 8 + r]; the same bits as the four-row unit on each row.
+typedef vec_dot_tile4_fn vec_dot_tile8_fn;
 // Floats act_scales writes per activation row of n values (0 where the format needs none).
 int64_t act_scale_count(uint32_t act_type, int64_t n);
 // Q8_0: d, then the int32 sums of its values 0-3 mod 8 and 4-7 mod 8 (their bits), per block; Q8_1: d, s
@@ -81,6 +84,7 @@ struct DotKernels {
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)
     bool tile16[GGML_TYPE_COUNT];             // the tile also takes 16 tokens (its rows unpacked once for them)
+    vec_dot_tile8_fn tile8[GGML_TYPE_COUNT];  // nullptr where there is none (2-16 tokens; 16 where tile16)
 };
 
 // One ISA's kernels, in the order of the table below (weights x activations).

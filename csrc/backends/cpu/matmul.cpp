@@ -73,12 +73,14 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
         const vec_dot_fn dot = kernels.dot[job.type];
         const vec_dot_rows_fn rows = kernels.rows[job.type];
         const vec_dot_tile4_fn tile4 = kernels.tile4[job.type];
+        const vec_dot_tile8_fn tile8 = kernels.tile8[job.type];
         const uint8_t* wb = (const uint8_t*)job.w;
         int64_t t = t0;
         // eight, four, then two tokens per weight-row pass, then single tokens, where the ISA has the rows kernel;
-        // four weight rows at a time where it has a tile kernel (the same bits either way), sixteen tokens where
-        // the tile takes them (rows left over take two passes of eight).  The first pass over the task's rows
-        // reads them from memory: the tile kernel prefetches the next four rows then.
+        // eight weight rows at a time where it has an eight-row tile (two tokens or more), then four where it has
+        // a tile kernel (the same bits either way), sixteen tokens where the tile takes them (rows left over
+        // take two passes of eight).  The first pass over the task's rows reads them from memory: the tile
+        // kernel prefetches the next rows then.
         const bool t16 = tile4 && kernels.tile16[job.type];
         for (int step : {16, 8, 4, 2, 1})
             for (; rows && (step < 16 || t16) && t + step <= t1; t += step) {
@@ -86,6 +88,12 @@ void matmul_jobs(const MatJob* jobs, int n_jobs, int64_t cols, const float* x, i
                 const float* sp = a.sc.data() + t * a.n_sc;
                 float* yt = job.y + t * job.y_ld;
                 int64_t r = r0;
+                for (; tile8 && step > 1 && r + 8 <= r1; r += 8) {
+                    float o[128];
+                    tile8(cols, wb + size_t(r) * w_row, w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, t == t0, o);
+                    for (int k = 0; k < step; k++)
+                        for (int q = 0; q < 8; q++) yt[k * job.y_ld + r + q] = o[8 * k + q];
+                }
                 for (; tile4 && r + 4 <= r1; r += 4) {
                     float o[64];
                     tile4(cols, wb + size_t(r) * w_row, w_row, ap, a.row_bytes, sp, size_t(a.n_sc), step, t == t0, o);
