@@ -23,6 +23,21 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     int64_t ldx = a.in[0].ld;
     float* y = at(a.out);
     const int64_t ldy = a.out.ld;
+    // The matrix paths' loop: each part's product into its columns of y (a SwiGLU pair's up half into scratch,
+    // then the gate's product times it), K split where splits_of says: run(part, y, ldy, bias, partial).
+    auto each_part = [&](auto splits_of, auto run) {
+        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+        for (size_t i = 0; i < parts.size(); i++) {
+            const Proj& p = parts[i];
+            const int splits = splits_of(p);
+            float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
+                                        : nullptr;
+            if (swiglu && i == 1) run(p, up, p.n_out, nullptr, partial);
+            else run(p, y + p.y_col, ldy, p.bias, partial);
+        }
+        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+        return false;
+    };
     // a batch step's products on the int8 tensor cores where every part has them (cuda.batch_matmul=f16: gemm_q)
     bool mma = rows > 1 && decode_q8_ && forced_kernel("cuda.batch_matmul") != "f16";
     for (const Proj& p : parts) mma = mma && cuda::gemm_q8_fits(p.w->type, rows, K);
@@ -34,17 +49,10 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4), rows, K);
         const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
         if (!ready) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
-        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
-        for (size_t i = 0; i < parts.size(); i++) {
-            const Proj& p = parts[i];
-            const int splits = cuda::gemm_q8_splits(p.w->type, rows, p.n_out, K);
-            float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
-                                        : nullptr;
-            if (swiglu && i == 1) cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, up, p.n_out, nullptr, partial, stream_);
-            else cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, y + p.y_col, ldy, p.bias, partial, stream_);
-        }
-        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
-        return false;
+        return each_part([&](const Proj& p) { return cuda::gemm_q8_splits(p.w->type, rows, p.n_out, K); },
+                         [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
+                             cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
+                         });
     }
     if (rows <= kMatvecMaxRows) {  // decode: weights streamed once
         MatvecArgs m;
@@ -85,37 +93,23 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     }
     if (cuda::gemm_q_fits(rows, K)) {  // a batch's decode step: each weight read once, dequantized in shared memory
         __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
-        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
         cuda::convert_f16(x, ldx, rows, K, xh, stream_);
-        for (size_t i = 0; i < parts.size(); i++) {
-            const Proj& p = parts[i];
-            const int splits = cuda::gemm_q_splits(rows, p.n_out, K);
-            float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
-                                        : nullptr;
-            if (swiglu && i == 1) cuda::gemm_q(p.w->type, xh, rows, p.w->p, p.n_out, K, up, p.n_out, nullptr, partial, stream_);
-            else cuda::gemm_q(p.w->type, xh, rows, p.w->p, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
-        }
-        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
-        return false;
+        return each_part([&](const Proj& p) { return cuda::gemm_q_splits(rows, p.n_out, K); },
+                         [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
+                             cuda::gemm_q(p.w->type, xh, rows, p.w->p, p.n_out, K, out, ld, bias, partial, stream_);
+                         });
     }
     // prefill: each weight dequantized to f16 once, then the tensor-core GEMM
     int64_t max_n = 0;
     for (const Proj& p : parts) max_n = std::max(max_n, p.n_out);
     __half* wh = scratch(wscratch_, wscratch_n_, size_t(max_n * K));
     __half* xh = scratch(xscratch_, xscratch_n_, size_t(int64_t(rows) * K));
-    float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
     cuda::convert_f16(x, ldx, rows, K, xh, stream_);
-    for (size_t i = 0; i < parts.size(); i++) {
-        const Proj& p = parts[i];
-        const int splits = gemm_splits(rows, p.n_out, K);
-        float* partial = splits > 1 ? scratch(kscratch_, kscratch_n_, size_t(splits) * size_t(rows) * size_t(p.n_out))
-                                    : nullptr;
-        cuda::dequantize_f16(p.w->type, p.w->p, p.n_out, K, wh, stream_);
-        if (swiglu && i == 1) cuda::gemm_f16(xh, wh, rows, p.n_out, K, up, p.n_out, nullptr, partial, stream_);
-        else cuda::gemm_f16(xh, wh, rows, p.n_out, K, y + p.y_col, ldy, p.bias, partial, stream_);
-    }
-    if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
-    return false;
+    return each_part([&](const Proj& p) { return gemm_splits(rows, p.n_out, K); },
+                     [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
+                         cuda::dequantize_f16(p.w->type, p.w->p, p.n_out, K, wh, stream_);
+                         cuda::gemm_f16(xh, wh, rows, p.n_out, K, out, ld, bias, partial, stream_);
+                     });
 }
 
 void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {

@@ -265,10 +265,7 @@ void gemm_q(uint32_t wtype, const __half* xh, int64_t M, const uint8_t* W, int64
         default: throw MinferError(strfmt("CUDA gemm_q: weight type %u is not supported", wtype));
     }
     check_launch("gemm_q");
-    if (splits > 1) {
-        gemm_reduce_kernel<<<unsigned((M * N + 255) / 256), 256, 0, s>>>(partial, splits, M, N, y, ldy, bias);
-        check_launch("gemm_q reduce");
-    }
+    if (splits > 1) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
 }
 
 void gemm_reduce(const float* partial, int splits, int64_t M, int64_t N, float* y, int64_t ldy, const float* bias,
@@ -323,8 +320,7 @@ void gemm_f16(const __half* A, const __half* B, int64_t M, int64_t N, int64_t K,
     }
     gemm_f16_kernel<<<grid, kThreads, kGemmSmem, s>>>(A, B, M, N, K, K / splits, partial, N, nullptr);
     check_launch("gemm_f16 (split K)");
-    gemm_reduce_kernel<<<unsigned((M * N + 255) / 256), 256, 0, s>>>(partial, splits, M, N, y, ldy, bias);
-    check_launch("gemm_reduce");
+    gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
 }
 
 }  // namespace minfer::cuda

@@ -16,8 +16,6 @@
 //
 // Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the q8 gemm path, with
 // the bound of rounding x to 8 bits).
-#include <type_traits>
-
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_q8_chunks.cuh"
@@ -256,36 +254,37 @@ __global__ void __launch_bounds__(kQ8Threads) gemm_q8_kernel(XQ x, int M, const 
         }
 }
 
-template <int T> constexpr int slice_of() { return MmaW<T>::kSlice; }
-
 int slice_for(uint32_t type) {
     switch (type) {
-        case GGML_TYPE_Q4_K: return slice_of<GGML_TYPE_Q4_K>();
-        case GGML_TYPE_Q6_K: return slice_of<GGML_TYPE_Q6_K>();
-        case GGML_TYPE_Q8_0: return slice_of<GGML_TYPE_Q8_0>();
+        case GGML_TYPE_Q4_K: return MmaW<GGML_TYPE_Q4_K>::kSlice;
+        case GGML_TYPE_Q6_K: return MmaW<GGML_TYPE_Q6_K>::kSlice;
+        case GGML_TYPE_Q8_0: return MmaW<GGML_TYPE_Q8_0>::kSlice;
         default: return 0;
     }
 }
 
 int tiles_for(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 ? 4 : 8; }
 
-using Kernel = void (*)(XQ, int, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t, const float*);
+// A build of the kernel and the shared memory its stages take.
+struct Built {
+    void (*kernel)(XQ, int, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t, const float*);
+    size_t smem;
+};
 
 // The kernel for (T, NT), its shared memory allowed once per process.
-template <int T, int NT> Kernel built() {
-    static const Kernel k = [] {
-        Kernel f = gemm_q8_kernel<T, NT>;
-        const int bytes = Stage<T, NT>::kCount * Stage<T, NT>::kBytes;
-        const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+template <int T, int NT> Built built() {
+    static const Built b = [] {
+        const Built k{gemm_q8_kernel<T, NT>, size_t(Stage<T, NT>::kCount) * Stage<T, NT>::kBytes};
+        const cudaError_t e = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem));
         if (e != cudaSuccess)
-            throw MinferError(strfmt("CUDA gemm_q8: a block cannot have %d bytes of shared memory: %s", bytes,
+            throw MinferError(strfmt("CUDA gemm_q8: a block cannot have %zu bytes of shared memory: %s", k.smem,
                                      cudaGetErrorString(e)));
-        return f;
+        return k;
     }();
-    return k;
+    return b;
 }
 
-template <int T> Kernel kernel_for(int nt) {
+template <int T> Built built(int nt) {
     switch (nt) {
         case 1: return built<T, 1>();
         case 2: return built<T, 2>();
@@ -294,28 +293,11 @@ template <int T> Kernel kernel_for(int nt) {
     }
 }
 
-Kernel built_for(uint32_t type, int nt) {
+Built built_for(uint32_t type, int nt) {
     switch (type) {
-        case GGML_TYPE_Q4_K: return kernel_for<GGML_TYPE_Q4_K>(nt);
-        case GGML_TYPE_Q6_K: return kernel_for<GGML_TYPE_Q6_K>(nt);
-        default: return kernel_for<GGML_TYPE_Q8_0>(nt);
-    }
-}
-
-size_t smem_for(uint32_t type, int nt) {
-    auto bytes = [&](auto tag) -> size_t {
-        constexpr int T = decltype(tag)::value;
-        switch (nt) {
-            case 1: return size_t(Stage<T, 1>::kCount) * Stage<T, 1>::kBytes;
-            case 2: return size_t(Stage<T, 2>::kCount) * Stage<T, 2>::kBytes;
-            case 4: return size_t(Stage<T, 4>::kCount) * Stage<T, 4>::kBytes;
-            default: return size_t(Stage<T, 8>::kCount) * Stage<T, 8>::kBytes;
-        }
-    };
-    switch (type) {
-        case GGML_TYPE_Q4_K: return bytes(std::integral_constant<int, GGML_TYPE_Q4_K>{});
-        case GGML_TYPE_Q6_K: return bytes(std::integral_constant<int, GGML_TYPE_Q6_K>{});
-        default: return bytes(std::integral_constant<int, GGML_TYPE_Q8_0>{});
+        case GGML_TYPE_Q4_K: return built<GGML_TYPE_Q4_K>(nt);
+        case GGML_TYPE_Q6_K: return built<GGML_TYPE_Q6_K>(nt);
+        default: return built<GGML_TYPE_Q8_0>(nt);
     }
 }
 
@@ -357,11 +339,11 @@ void gemm_q8(uint32_t wtype, Q8Act x, int64_t M, int64_t K, const uint8_t* W, in
     const int sl = slice_for(wtype);
     const int64_t k_len = (K / sl + splits - 1) / splits * sl;  // whole slices a range; the last may be shorter
     const int64_t rb = row_bytes(wtype, K);
-    const Kernel k = built_for(wtype, nt);
+    const Built k = built_for(wtype, nt);
     const dim3 grid(unsigned((N + kWRows - 1) / kWRows), 1u, unsigned(splits));
     float* out = splits > 1 ? partial : y;
-    launch("gemm_q8", k, grid, dim3(kQ8Threads), smem_for(wtype, nt), s, XQ{x.q, x.ds, K}, int(M), W, rb, N, k_len,
-           out, splits > 1 ? N : ldy, bias);
+    launch("gemm_q8", k.kernel, grid, dim3(kQ8Threads), k.smem, s, XQ{x.q, x.ds, K}, int(M), W, rb, N, k_len, out,
+           splits > 1 ? N : ldy, bias);
     if (splits > 1) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
 }
 
