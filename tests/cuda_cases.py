@@ -9,6 +9,7 @@ from conftest import layout_model, require_cuda
 M = minfer._minfer
 U = 2.0 ** -24   # f32 unit roundoff
 UH = 2.0 ** -11  # f16 unit roundoff
+UB = 2.0 ** -8   # bf16 unit roundoff
 
 # type id: (values per block, bytes per block, offsets of f16 scale fields, typical scale)
 TYPES = {

@@ -97,6 +97,26 @@ def test_llamacpp_fixtures_through_the_batch_path(name, ids, device, rng):
     assert dm["max_abs"] <= tol, dm
 
 
+@pytest.mark.gpu
+def test_cuda_batch_products_by_rows(force):
+    """A CUDA batch step's products: int8 on 8-bit activations up to 16 rows, bf16 from 17 (the rule gives the
+    forced kernel's bits, and the other kernel's differ), one token from each of n sequences."""
+    require_cuda()
+    model = _minfer.Model(str(synthetic_model("qwen2-tiny-q8_0")))
+
+    def step(n, choice):
+        force("cuda.batch_matmul", choice)
+        runner = _minfer.BatchRunner(model, n_ctx=128, threads=2, kv_tokens=2048, block_size=32, device="cuda")
+        tables = np.zeros((n, runner.max_blocks), np.int32)
+        tables[:, 0] = np.arange(n)  # a block each
+        return runner.step(np.arange(100, 100 + n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, np.int32), tables)
+
+    for n, rule, other in ((16, "int8", "bf16"), (17, "bf16", "int8")):
+        auto = step(n, "auto")
+        assert np.array_equal(auto, step(n, rule)), n
+        assert not np.array_equal(auto, step(n, other)), n
+
+
 @pytest.mark.parametrize("backend,kernel", [("cpu", ""), ("reference", ""),
                                             pytest.param("cuda", "auto", marks=pytest.mark.gpu),
                                             pytest.param("cuda", "general", marks=pytest.mark.gpu),

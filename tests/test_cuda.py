@@ -618,9 +618,10 @@ print("done")
 '''
 
 
-# A batch step's kernels: two ragged steps of the tiny Q8_0 model (its products on the int8 tensor cores, the
-# paged attention, the rows picked for the logits), the int8 products of the real layouts' types (split K, rows
-# past N and M), and the paged decode attention of the real head sizes, a block per query head and per KV head.
+# A batch step's kernels: two ragged steps of the tiny Q8_0 model (its products on the bf16 and int8 tensor
+# cores, the paged attention, the rows picked for the logits), the bf16 and int8 products of the real layouts'
+# types (split K, rows past N and M), and the paged decode attention of the real head sizes, a block per query
+# head and per KV head.
 BATCH = r'''
 import sys, numpy as np
 import minfer._minfer as M
@@ -635,8 +636,8 @@ for t, bv, bb, n, k in ((12, 256, 144, 1003, 2048), (14, 256, 210, 77, 3584), (8
     blocks = w.reshape(n, k // bv, bb)  # the f16 scales (d, and Q4_K's dmin) finite
     for at in ((208,) if t == 14 else (0, 2) if t == 12 else (0,)):
         blocks[:, :, at:at + 2] = np.frombuffer(np.float16(1e-3).tobytes(), np.uint8)
-    for rows in (5, 64):
-        y, _ = M.cuda_matmul(t, w, rng.standard_normal((rows, k)).astype(np.float32), n, path="mma")
+    for rows, path in ((5, "mma"), (64, "mma"), (5, "bf16"), (64, "bf16")):
+        y, _ = M.cuda_matmul(t, w, rng.standard_normal((rows, k)).astype(np.float32), n, path=path)
         assert np.all(np.isfinite(y))
 s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
 for head_dim in (128, 64):

@@ -8,8 +8,9 @@ import pytest
 
 import minfer
 from conftest import layout_model
-from cuda_cases import M, U, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
+from cuda_cases import M, U, UB, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
 from minfer.quants import dequantize
+from quant_helpers import MIN_FIELDS, with_min_zeroed
 
 pytestmark = pytest.mark.gpu
 
@@ -37,11 +38,18 @@ def check_against_float64(rng, wtype, n, k, rows, path):
     W = dequantize(w, t).reshape(n, k).astype(np.float64)
     ref = x.astype(np.float64) @ W.T
     S = np.abs(x).astype(np.float64) @ np.abs(W).T
+    mins = None  # |q s| + |m| per weight where a type has a min: bf16 rounds q s and m apart
+    if path == "bf16" and t in MIN_FIELDS:
+        parts = [dequantize(with_min_zeroed(t, w.reshape(-1), keep), t) for keep in ("scale", "min")]
+        mins = (np.abs(parts[0]) + np.abs(parts[1])).reshape(n, k).astype(np.float64)
     if path == "f32":  # matvec: f32 products summed in f32 (gamma_K)
         bound = 2 * k * U * S
     elif path in ("q8", "mma"):  # x rounded to 8 bits per 32 values (error <= d / 2, d = amax / 127), then as f32
         d = np.abs(x).astype(np.float64).reshape(rows, k // 32, 32).max(-1) / 127
         bound = 0.5 * (1 + 1e-5) * (d @ np.abs(W).reshape(n, k // 32, 32).sum(-1).T) + 2 * k * U * S
+    elif path == "bf16":  # x and each weight's scale and scaled quant (q s - m) rounded to bf16, f32 sums
+        A = np.abs(W) if mins is None else mins
+        bound = (3.1 * UB + 2 * k * U) * (np.abs(x).astype(np.float64) @ A.T)
     else:              # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
         bound = (2 * UH + 2 * k * U) * S + 2.0 ** -25 * np.abs(x).sum(1, keepdims=True)
     err = np.abs(y - ref)
@@ -55,21 +63,24 @@ MMA = [("q4_k", 1536, 8960), ("q4_k", 1003, 2048), ("q6_k", 8960, 1536), ("q6_k"
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 33, 64])
 @pytest.mark.parametrize("wtype,n,k", MMA)
-def test_mma_matmul_against_float64(rng, wtype, n, k, rows):
-    """A batch's decode product on the int8 tensor cores (gemm_q8: 1, 2, 4 and 8 tiles of 8 rows; rows past N
-    and M; K split where the shape asks) against float64, with the bound of rounding x to 8 bits."""
-    check_against_float64(rng, wtype, n, k, rows, "mma")
+@pytest.mark.parametrize("path", ["mma", "bf16"])
+def test_mma_matmul_against_float64(rng, wtype, n, k, rows, path):
+    """A batch's decode product on the tensor cores (1, 2, 4 and 8 tiles of 8 rows; rows past N and M; K split
+    where the shape asks) against float64: int8 (gemm_q8) with the bound of rounding x to 8 bits, bf16
+    (gemm_mma) with that of rounding x and the scaled quants to bf16."""
+    check_against_float64(rng, wtype, n, k, rows, path)
 
 
+@pytest.mark.parametrize("path", ["mma", "bf16"])
 @pytest.mark.parametrize("wtype,n,k", MMA[::2])
-def test_mma_rows_do_not_depend_on_the_batch(rng, wtype, n, k):
+def test_mma_rows_do_not_depend_on_the_batch(rng, wtype, n, k, path):
     """A row's product is the same bits whatever other rows share the call: integer sums, the same split and the
     same order of the f32 adds at every row count."""
     t, w = random_weight(wtype, n, k, rng)
     x = rng.standard_normal((64, k)).astype(np.float32)
-    full, _ = M.cuda_matmul(t, w, x, n, path="mma")
+    full, _ = M.cuda_matmul(t, w, x, n, path=path)
     for rows in (2, 7, 16, 40):
-        part, _ = M.cuda_matmul(t, w, x[:rows], n, path="mma")
+        part, _ = M.cuda_matmul(t, w, x[:rows], n, path=path)
         assert np.array_equal(part, full[:rows]), rows
 
 

@@ -38,12 +38,31 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
         return false;
     };
-    // a batch step's products on the int8 tensor cores where every part has them (cuda.batch_matmul=f16: gemm_q)
-    bool mma = rows > 1 && decode_q8_ && forced_kernel("cuda.batch_matmul") != "f16";
-    for (const Proj& p : parts) mma = mma && cuda::gemm_q8_fits(p.w->type, rows, K);
-    if (forced_kernel("cuda.batch_matmul") == "int8" && rows > 1 && rows <= cuda::kGemmQ8MaxRows && !mma)
-        throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=int8, but %d rows of these weights have no int8 product",
-                                 node.name.c_str(), rows));
+    // A batch step's products (2-64 rows) on the tensor cores where every part has them: bf16 (quants decoded
+    // with their scales) from kGemmMmaMinRows rows, where the products outweigh the stream of weight bytes, int8
+    // on 8-bit activations below, where its lighter decode streams faster.  cuda.batch_matmul forces one, or f16
+    // (gemm_q); a forced kernel these weights lack is an error.
+    const std::string choice = forced_kernel("cuda.batch_matmul");
+    auto all_parts = [&](bool (*fits)(uint32_t, int64_t, int64_t)) {
+        for (const Proj& p : parts)
+            if (!fits(p.w->type, rows, K)) return false;
+        return true;
+    };
+    const bool bf16 = rows > 1 && (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows)) &&
+                      all_parts(cuda::gemm_mma_fits);
+    const bool mma = rows > 1 && !bf16 && (choice == "int8" || (choice.empty() && decode_q8_)) &&
+                     all_parts(cuda::gemm_q8_fits);
+    if (rows > 1 && rows <= cuda::kGemmQ8MaxRows && ((choice == "int8" && !mma) || (choice == "bf16" && !bf16)))
+        throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
+                                 node.name.c_str(), choice.c_str(), rows));
+    if (bf16) {
+        void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
+        cuda::mma_act(x, ldx, rows, K, xb, stream_);
+        return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
+                         [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
+                             cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
+                         });
+    }
     if (mma) {
         const cuda::Q8Act xq =
             cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4), rows, K);

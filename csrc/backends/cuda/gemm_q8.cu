@@ -19,6 +19,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_q8_chunks.cuh"
+#include "backends/cuda/stage_copy.cuh"
 
 namespace minfer::cuda {
 
@@ -42,7 +43,6 @@ __device__ __forceinline__ void mma_k16(int (&c)[4], uint32_t a0, uint32_t a1, u
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-__device__ __forceinline__ uint32_t lds32(const uint8_t* p) { return *(const uint32_t*)p; }
 // A 32-bit word at a 2-byte aligned shared address (Q8_0's packed 34-byte blocks).
 __device__ __forceinline__ uint32_t lds32_a2(const uint8_t* p) {
     const uint32_t* q = (const uint32_t*)(uintptr_t(p) & ~uintptr_t(3));
@@ -119,23 +119,6 @@ template <int T, int NT> struct Stage {
     static constexpr int kBytes = kW + kX + kD;
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return unsigned(__cvta_generic_to_shared(p)); }
-
-// One bulk copy (the copy engine, one instruction for a whole run of 16-byte multiples) counted on `bar`: this
-// thread arrives on it expecting `bytes`.
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, unsigned bytes, uint64_t* bar) {
-    asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                 ::"r"(smem_addr(dst)), "l"(src), "r"(bytes), "r"(smem_addr(bar)) : "memory");
-}
-
-__device__ __forceinline__ void wait_phase(uint64_t* bar, unsigned parity) {
-    unsigned done = 0;
-    while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done) : "r"(smem_addr(bar)), "r"(parity) : "memory");
-}
-
 // y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to y + z M N (ldy N).
 // Copies: thread i < 64 brings weight row i's slice (the 16-byte pieces covering it), thread 64 + r activation
 // row r's int8 and scales, each one bulk copy a stage counted on the stage's barrier; rows past N or M are not
@@ -156,9 +139,8 @@ __global__ void __launch_bounds__(kQ8Threads) gemm_q8_kernel(XQ x, int M, const 
     if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
     const int w_rows = int(N - n0 < kWRows ? N - n0 : kWRows), x_rows = M < S::kTok ? M : S::kTok;
     if (threadIdx.x == 0) {
-        for (int i = 0; i < kS; i++)
-            asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(smem_addr(&full[i])), "r"(w_rows + x_rows));
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        for (int i = 0; i < kS; i++) init_stage_barrier(&full[i], unsigned(w_rows + x_rows));
+        fence_barrier_init();
     }
     __syncthreads();
 
@@ -174,14 +156,10 @@ __global__ void __launch_bounds__(kQ8Threads) gemm_q8_kernel(XQ x, int M, const 
         const int r = tid - kWRows;
         const int64_t sl = s_begin + t;
         uint8_t* st = smem + (t % kS) * S::kBytes;
-        asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(smem_addr(&full[t % kS])),
-                     "r"(unsigned(S::kSlice + S::kUnits * 8)) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                     ::"r"(smem_addr(st + S::kW + r * S::kXStride)), "l"(x.q + r * K + sl * S::kSlice),
-                     "r"(unsigned(S::kSlice)), "r"(smem_addr(&full[t % kS])) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-                     ::"r"(smem_addr(st + S::kW + S::kX + r * S::kDStride)), "l"(x.ds + r * (K / 32) + sl * S::kUnits),
-                     "r"(unsigned(S::kUnits * 8)), "r"(smem_addr(&full[t % kS])) : "memory");
+        expect_bytes(&full[t % kS], unsigned(S::kSlice + S::kUnits * 8));
+        bulk_copy_only(st + S::kW + r * S::kXStride, x.q + r * K + sl * S::kSlice, unsigned(S::kSlice), &full[t % kS]);
+        bulk_copy_only(st + S::kW + S::kX + r * S::kDStride, x.ds + r * (K / 32) + sl * S::kUnits,
+                       unsigned(S::kUnits * 8), &full[t % kS]);
     };
     // the weights of every stage before the wait for the kernel before (they are no kernel's output)
     if (w_issuer)
@@ -308,15 +286,12 @@ bool gemm_q8_fits(uint32_t type, int64_t M, int64_t K) {
     return sl > 0 && M >= 1 && M <= kGemmQ8MaxRows && K % sl == 0;
 }
 
-int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
+int stream_splits(int64_t blocks, int64_t slices) {
     // Split K where the weight rows' blocks fill four blocks an SM badly (a small batch's product streams bytes:
     // too few blocks leave too few in flight): the first split count (up to 8, each range two slices or more)
     // whose waves are at least 85 % full, else the fullest.  It depends on the weight's shape alone, never on
-    // M: a row's sums are the same bits whatever else the batch holds.
-    (void)M;
-    const int sl = slice_for(type);
-    if (!sl) return 1;
-    const int64_t blocks = (N + kWRows - 1) / kWRows, resident = 4 * int64_t(sm_count()), slices = K / sl;
+    // the batch: a row's sums are the same bits whatever else the batch holds.
+    const int64_t resident = 4 * int64_t(sm_count());
     int best = 1;
     double best_fill = 0.0;
     for (int s = 1; s <= 8 && slices / s >= 2; s++) {
@@ -326,6 +301,12 @@ int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
         if (fill > best_fill + 1e-9) best = s, best_fill = fill;
     }
     return best;
+}
+
+int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
+    (void)M;
+    const int sl = slice_for(type);
+    return sl ? stream_splits((N + kWRows - 1) / kWRows, K / sl) : 1;
 }
 
 void gemm_q8(uint32_t wtype, Q8Act x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,

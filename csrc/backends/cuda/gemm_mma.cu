@@ -1,0 +1,356 @@
+// A batch's decode product on the tensor cores: y[M, N] = x[M, K] W[N, K]^T for 2..64 activation rows in bf16
+// (mma_act) and a quantized W, each weight byte read from memory once a call.
+//
+// A block takes 64 weight rows (16 a warp) and every activation row.  K streams through a ring of shared-memory
+// stages, each one slice of K (256 values: a K-quant super-block a row; 128 for Q8_0): the weights' raw bytes and
+// the activations' bf16, each row one bulk copy by the copy engine counted on the stage's mbarrier (a thread a
+// row).  For each 32-value unit of the slice a warp decodes its rows' quants straight from shared memory into
+// bf16 mma fragments with their scales applied (no dequantized copy anywhere; the magic-number conversion, no
+// integer-to-float instruction) and multiplies them with every activation row by two mma.sync m16n8k16 (bf16 x
+// bf16 -> f32).  The sums need no per-unit scaling: a unit's scales are in the weights, so the tensor cores'
+// f32 accumulators carry the whole row (integer products scaled per unit cost more instructions than the
+// products themselves).  The weights of the first stages are requested before the kernel waits for the one before
+// it (programmatic dependent launch).  K is split over blocks (partials summed in order by gemm_reduce) where the
+// weight rows alone leave waves half empty.
+//
+// The mma's k order within a unit is permuted so that a lane's fragments are contiguous bytes: lane t (of a
+// row's four) takes values 8t..8t+7 of each unit, the first mma (8t, 8t+2 | 8t+1, 8t+3), the second
+// (8t+4, 8t+6 | 8t+5, 8t+7); mma_act stores x in that order (each 8 values as 0 2 1 3 4 6 5 7), so one 16-byte
+// load gives a lane both mmas' activation fragments.
+//
+// Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the mma path, with the
+// bound of rounding x and the weights' scaled quants to bf16).
+#include <cuda_bf16.h>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+#include "backends/cuda/matvec_q8_chunks.cuh"
+#include "backends/cuda/stage_copy.cuh"
+
+namespace minfer::cuda {
+
+namespace {
+
+constexpr int kWRows = 64, kThreads = 2 * kWRows;  // a thread a weight row and one an activation row copy
+
+// c += a (16 x 16, rows) b (16 x 8, columns) in bf16, f32 sums.  Fragments (g = lane / 4, t = lane % 4): a0 row g,
+// k 2t, 2t + 1; a1 row g + 8; a2, a3 the same at k + 8; b0 k 2t, 2t + 1 of column g, b1 k + 8; c0, c1 row g,
+// columns 2t, 2t + 1, c2, c3 row g + 8.
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                         uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *(const uint2*)p; }
+__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) { return *(uint32_t*)&v; }
+__device__ __forceinline__ __nv_bfloat162 as_bf2(uint32_t v) { return *(__nv_bfloat162*)&v; }
+__device__ __forceinline__ __nv_bfloat162 bf2(float v) { return __float2bfloat162_rn(v); }
+
+// Bytes 0 and 2 (lo) and 1 and 3 (hi) of w, each below 128, as bf16 pairs 128 + byte: the bf16 of 128 has its
+// lowest mantissa bit worth 1, so or-ing a 7-bit integer into it adds that integer exactly.
+__device__ __forceinline__ void bf16_pairs_128(uint32_t w, uint32_t mask, uint32_t& lo, uint32_t& hi) {
+    lo = (w & mask) | 0x43004300u;
+    hi = ((w >> 8) & mask) | 0x43004300u;
+}
+
+// A unit's fragments of one weight row: f[0], f[1] the first mma's (k 2t.. | 2t + 8..), f[2], f[3] the second's.
+struct Frag { uint32_t f[4]; };
+
+// (q - off) * s + m over the four pairs of 128 + q.
+__device__ __forceinline__ Frag scaled(const uint32_t (&p)[4], __nv_bfloat162 off, __nv_bfloat162 s, __nv_bfloat162 m) {
+    Frag r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r.f[i] = as_u32(__hfma2(__hsub2(as_bf2(p[i]), off), s, m));
+    return r;
+}
+
+// Per weight type: the slice (values), a row-slice's bytes, the stage's row stride (32 mod 128 bytes or its
+// negative: the 16 lanes of a 64-bit load phase touch four rows on distinct banks; room for the slice at any
+// 16-byte offset the copy keeps), and lane t's fragments of unit j of a row whose slice starts at p.
+template <int T> struct MmaW;
+
+template <> struct MmaW<GGML_TYPE_Q4_K> {
+    static constexpr int kSlice = 256, kBytes = 144, kStride = 160;
+    struct Hdr { float d, dmin; uint32_t s0, s1, s2; };
+    static __device__ __forceinline__ Hdr hdr(const uint8_t* p, int64_t) {
+        const uint32_t dm = lds32(p);
+        return Hdr{h2f(dm), h2f(dm >> 16), lds32(p + 4), lds32(p + 8), lds32(p + 12)};
+    }
+    static __device__ __forceinline__ Frag unit(const uint8_t* p, const Hdr& h, int j, int t) {
+        uint32_t scw, mnw;
+        k_scale_min_words(h.s0, h.s1, h.s2, j < 4, scw, mnw);
+        const int sh = 8 * (j % 4);
+        const uint2 q = lds64(p + 16 + 32 * (j / 2) + 8 * t);  // values 8t..8t+7, nibble j % 2
+        const int n = 4 * (j % 2);
+        uint32_t v[4];
+        bf16_pairs_128(q.x >> n, 0x000f000fu, v[0], v[1]);
+        bf16_pairs_128(q.y >> n, 0x000f000fu, v[2], v[3]);
+        return scaled(v, bf2(128.0f), bf2(h.d * float((scw >> sh) & 0xff)), bf2(-h.dmin * float((mnw >> sh) & 0xff)));
+    }
+};
+
+template <> struct MmaW<GGML_TYPE_Q6_K> {  // the device layout (q6k_layout.cuh)
+    static constexpr int kSlice = 256, kBytes = 210, kStride = 224;
+    struct Hdr { int pre; float d; };
+    static __device__ __forceinline__ Hdr hdr(const uint8_t* p, int64_t blk) {
+        const int pre = q6k_pre(blk);
+        return Hdr{pre, f16_at(p + q6k_d(pre))};
+    }
+    // Unit j is sub-block j % 2 of chunk g = j / 2: ql' byte l's nibble j % 2 holds its value l; qh' byte l holds
+    // the top bits of the chunk's values l, l + 16, 32 + l, 48 + l; one int8 scale a 16 values.
+    static __device__ __forceinline__ Frag unit(const uint8_t* p, const Hdr& h, int j, int t) {
+        const int g = j / 2, n = 4 * (j % 2);
+        const uint2 ql = lds64(p + h.pre + 32 * g + 8 * t);
+        const uint2 qh = lds64(p + h.pre + 128 + 16 * g + 8 * (t & 1));
+        const int hs = 2 * (t >> 1) + n;
+        const uint32_t w0 = ((ql.x >> n) & 0x0f0f0f0fu) | (((qh.x >> hs) & 0x03030303u) << 4);
+        const uint32_t w1 = ((ql.y >> n) & 0x0f0f0f0fu) | (((qh.y >> hs) & 0x03030303u) << 4);
+        const uint32_t scw = lds32(p + q6k_sc(g, h.pre));
+        const int sc = int(int8_t((scw >> (8 * (2 * (j % 2) + (t >> 1)))) & 0xff));
+        uint32_t v[4];
+        bf16_pairs_128(w0, 0x003f003fu, v[0], v[1]);
+        bf16_pairs_128(w1, 0x003f003fu, v[2], v[3]);
+        return scaled(v, bf2(160.0f), bf2(h.d * float(sc)), bf2(0.0f));
+    }
+};
+
+template <> struct MmaW<GGML_TYPE_Q8_0> {
+    static constexpr int kSlice = 128, kBytes = 136, kStride = 160;
+    struct Hdr {};
+    static __device__ __forceinline__ Hdr hdr(const uint8_t*, int64_t) { return Hdr{}; }
+    // Signed bytes through f32 (2^23 + 128 + q, exact), scaled there, then rounded to bf16 once.
+    static __device__ __forceinline__ Frag unit(const uint8_t* p, const Hdr&, int j, int t) {
+        const uint8_t* b = p + 34 * j;
+        const float d = f16_at(b);
+        const uint32_t* w = (const uint32_t*)(uintptr_t(b + 2 + 8 * t) & ~uintptr_t(3));
+        const uint32_t sh = uint32_t(uintptr_t(b + 2 + 8 * t) & 3) * 8, w0 = w[0], w1 = w[1], w2 = w[2];
+        const uint32_t q[2] = {__funnelshift_r(w0, w1, sh) ^ 0x80808080u, __funnelshift_r(w1, w2, sh) ^ 0x80808080u};
+        Frag r;
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            float v[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                v[e] = (__uint_as_float(__byte_perm(q[i], 0x4b000000u, 0x7540u | uint32_t(e))) - 8388736.0f) * d;
+            r.f[2 * i] = as_u32(__floats2bfloat162_rn(v[0], v[2]));
+            r.f[2 * i + 1] = as_u32(__floats2bfloat162_rn(v[1], v[3]));
+        }
+        return r;
+    }
+};
+
+// A stage: W (64 rows at kStride), x's bf16 (8 NT rows at 2 kSlice + 64 bytes: 16-byte loads of a phase's two
+// rows on distinct banks).  Few tiles keep four stages in flight (a small batch's product is a stream of weight
+// bytes); four or eight tiles two, whose multiplies outlast a stage's copy.
+template <int T, int NT> struct Stage {
+    static constexpr int kSlice = MmaW<T>::kSlice, kUnits = kSlice / 32, kTok = 8 * NT, kCount = NT >= 4 ? 2 : 4;
+    static constexpr int kXStride = 2 * kSlice + 64;
+    static constexpr int kW = kWRows * MmaW<T>::kStride, kX = kTok * kXStride;
+    static constexpr int kBytes = kW + kX;
+};
+
+// y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to y + z M N (ldy N).
+// Copies: thread i < 64 brings weight row i's slice (the 16-byte pieces covering it), thread 64 + r activation
+// row r's, each one bulk copy a stage counted on the stage's barrier; rows past N or M are not copied (their
+// products land in outputs that are never written).
+template <int T, int NT>
+__global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16* __restrict__ x, int M, int64_t K,
+                                                            const uint8_t* __restrict__ W, int64_t rb, int64_t N,
+                                                            int64_t k_len, float* __restrict__ y, int64_t ldy,
+                                                            const float* __restrict__ bias) {
+    using S = Stage<T, NT>;
+    using WT = MmaW<T>;
+    constexpr int kS = S::kCount;
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ __align__(8) uint64_t full[kS];
+    const int64_t n0 = int64_t(blockIdx.x) * kWRows;
+    const int64_t s_begin = int64_t(blockIdx.z) * k_len / S::kSlice;
+    const int64_t k_end = int64_t(blockIdx.z + 1) * k_len, s_end = (k_end < K ? k_end : K) / S::kSlice;
+    const int64_t steps = s_end - s_begin;
+    if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
+    x += int64_t(blockIdx.y) * S::kTok * K;  // this block's activation rows
+    y += int64_t(blockIdx.y) * S::kTok * ldy;
+    M -= int(blockIdx.y) * S::kTok;
+    const int w_rows = int(N - n0 < kWRows ? N - n0 : kWRows), x_rows = M < S::kTok ? M : S::kTok;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < kS; i++) init_stage_barrier(&full[i], unsigned(w_rows + x_rows));
+        fence_barrier_init();
+    }
+    __syncthreads();
+
+    const int tid = threadIdx.x;
+    const bool w_issuer = tid < w_rows, x_issuer = tid >= kWRows && tid - kWRows < x_rows;
+    const uint8_t* w_row = W + (n0 + (w_issuer ? tid : 0)) * rb;
+    auto issue_w = [&](int64_t t) {
+        const uintptr_t g = uintptr_t(w_row + (s_begin + t) * WT::kBytes), a = g & ~uintptr_t(15);
+        bulk_copy(smem + (t % kS) * S::kBytes + tid * WT::kStride, (const void*)a,
+                  unsigned((g + WT::kBytes + 15) / 16 * 16 - a), &full[t % kS]);
+    };
+    auto issue_x = [&](int64_t t) {
+        const int r = tid - kWRows;
+        bulk_copy(smem + (t % kS) * S::kBytes + S::kW + r * S::kXStride, x + r * K + (s_begin + t) * S::kSlice,
+                  unsigned(2 * S::kSlice), &full[t % kS]);
+    };
+    // the weights of every stage before the wait for the kernel before (they are no kernel's output)
+    if (w_issuer)
+        for (int t = 0; t < kS && t < steps; t++) issue_w(t);
+    pdl_start();
+    if (x_issuer)
+        for (int t = 0; t < kS && t < steps; t++) issue_x(t);
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int r0 = warp * 16 + g;  // this lane's weight rows: r0 and r0 + 8
+    float acc[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+    for (int64_t t = 0; t < steps; t++) {
+        wait_phase(&full[t % kS], unsigned(t / kS) & 1u);  // slice t has landed
+        const uint8_t* st = smem + (t % kS) * S::kBytes;
+        const int64_t sl = s_begin + t;
+        const uint8_t* p[2];
+        typename WT::Hdr h[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = r0 + 8 * i;
+            const int64_t row = n0 + r < N ? n0 + r : N - 1;
+            p[i] = st + r * WT::kStride + int((uintptr_t(W + row * rb + sl * WT::kBytes)) & 15);
+            h[i] = WT::hdr(p[i], sl);
+        }
+        const uint8_t* xs = st + S::kW + g * S::kXStride + 16 * t4;
+#pragma unroll
+        for (int j = 0; j < S::kUnits; j++) {
+            const Frag a = WT::unit(p[0], h[0], j, t4), b = WT::unit(p[1], h[1], j, t4);
+#pragma unroll
+            for (int n = 0; n < NT; n++) {
+                const uint4 xb = *(const uint4*)(xs + 8 * n * S::kXStride + 64 * j);
+                mma_bf16(acc[n], a.f[0], b.f[0], a.f[1], b.f[1], xb.x, xb.y);
+                mma_bf16(acc[n], a.f[2], b.f[2], a.f[3], b.f[3], xb.z, xb.w);
+            }
+        }
+        __syncthreads();  // every warp is done with the stage: it is refilled with slice t + kS
+        if (t + kS < steps) {
+            if (w_issuer) issue_w(t + kS);
+            if (x_issuer) issue_x(t + kS);
+        }
+    }
+    const bool add_bias = bias && gridDim.z == 1;
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int64_t row = n0 + r0 + 8 * (e / 2);
+            const int tok = 8 * n + 2 * t4 + (e % 2);
+            if (row < N && tok < M) y[tok * ldy + row] = acc[n][e] + (add_bias ? bias[row] : 0.0f);
+        }
+}
+
+// x [rows, K] (ldx apart) -> bf16 [rows, K], each 8 values in the mma's order (0 2 1 3 4 6 5 7).
+__global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out) {
+    pdl_start();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (8 * i >= K) return;
+    const float4 a = *(const float4*)(x + r * ldx + 8 * i), b = *(const float4*)(x + r * ldx + 8 * i + 4);
+    uint4 o;
+    o.x = as_u32(__floats2bfloat162_rn(a.x, a.z));
+    o.y = as_u32(__floats2bfloat162_rn(a.y, a.w));
+    o.z = as_u32(__floats2bfloat162_rn(b.x, b.z));
+    o.w = as_u32(__floats2bfloat162_rn(b.y, b.w));
+    *(uint4*)(out + r * K + 8 * i) = o;
+}
+
+int slice_for(uint32_t type) {
+    switch (type) {
+        case GGML_TYPE_Q4_K: return MmaW<GGML_TYPE_Q4_K>::kSlice;
+        case GGML_TYPE_Q6_K: return MmaW<GGML_TYPE_Q6_K>::kSlice;
+        case GGML_TYPE_Q8_0: return MmaW<GGML_TYPE_Q8_0>::kSlice;
+        default: return 0;
+    }
+}
+
+constexpr int kMaxTiles = 8;
+int tiles_for(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 || kMaxTiles == 4 ? 4 : 8; }
+
+// A build of the kernel and the shared memory its stages take.
+struct Built {
+    void (*kernel)(const __nv_bfloat16*, int, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t,
+                   const float*);
+    size_t smem;
+};
+
+// The kernel for (T, NT), its shared memory allowed once per process.
+template <int T, int NT> Built built() {
+    static const Built b = [] {
+        const Built k{gemm_mma_kernel<T, NT>, size_t(Stage<T, NT>::kCount) * Stage<T, NT>::kBytes};
+        const cudaError_t e = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem));
+        if (e != cudaSuccess)
+            throw MinferError(strfmt("CUDA gemm_mma: a block cannot have %zu bytes of shared memory: %s", k.smem,
+                                     cudaGetErrorString(e)));
+        return k;
+    }();
+    return b;
+}
+
+template <int T> Built built(int nt) {
+    switch (nt) {
+        case 1: return built<T, 1>();
+        case 2: return built<T, 2>();
+        case 4: return built<T, 4>();
+        default: return built<T, 8>();
+    }
+}
+
+Built built_for(uint32_t type, int nt) {
+    switch (type) {
+        case GGML_TYPE_Q4_K: return built<GGML_TYPE_Q4_K>(nt);
+        case GGML_TYPE_Q6_K: return built<GGML_TYPE_Q6_K>(nt);
+        default: return built<GGML_TYPE_Q8_0>(nt);
+    }
+}
+
+}  // namespace
+
+bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K) {
+    const int sl = slice_for(type);
+    return sl > 0 && M >= 1 && M <= kGemmMmaMaxRows && K % sl == 0;
+}
+
+int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
+    (void)M;
+    const int sl = slice_for(type);
+    return sl ? stream_splits((N + kWRows - 1) / kWRows, K / sl) : 1;
+}
+
+size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t(K) * 2; }
+
+void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
+    if (K % 8 || ldx % 4)
+        throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of 8), stride %lld (of 4)", (long long)K,
+                                 (long long)ldx));
+    launch("mma_act", mma_act_kernel, dim3(unsigned((K / 8 + 127) / 128), unsigned(rows)), dim3(128), 0, s, x, ldx, K,
+           (__nv_bfloat16*)out);
+}
+
+void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
+              const float* bias, float* partial, cudaStream_t s) {
+    if (!gemm_mma_fits(wtype, M, K))
+        throw MinferError(strfmt("CUDA gemm_mma: %s weights, %lld rows of width %lld (Q4_K, Q6_K or Q8_0; 1..%d rows; "
+                                 "width a multiple of %d)", type_traits(wtype).name, (long long)M, (long long)K,
+                                 kGemmMmaMaxRows, std::max(slice_for(wtype), 128)));
+    const int nt = tiles_for(int(M));
+    const int splits = partial ? gemm_mma_splits(wtype, M, N, K) : 1;
+    const int sl = slice_for(wtype);
+    const int64_t k_len = (K / sl + splits - 1) / splits * sl;  // whole slices a range; the last may be shorter
+    const int64_t rb = row_bytes(wtype, K);
+    const Built k = built_for(wtype, nt);
+    const dim3 grid(unsigned((N + kWRows - 1) / kWRows), unsigned((M + 8 * nt - 1) / (8 * nt)), unsigned(splits));
+    float* out = splits > 1 ? partial : y;
+    launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, W, rb, N, k_len,
+           out, splits > 1 ? N : ldy, bias);
+    if (splits > 1) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
+}
+
+}  // namespace minfer::cuda
