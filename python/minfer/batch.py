@@ -76,6 +76,29 @@ class Request:
                     continue
             yield piece
 
+    def poll(self) -> tuple[list[str], bool]:
+        """The text pieces that came since the last call, without waiting, and whether the request has ended
+        (its error raised then): for a reader that waits elsewhere (an event loop woken by Engine.on_turn).
+        Not to be mixed with iterating the handle."""
+        out, done = [], False
+        while True:
+            try:
+                piece = self._pieces.get_nowait()
+            except queue.Empty:
+                break
+            if piece is _DONE:
+                done = True
+                if self.error is not None:
+                    raise self.error
+                if not self._engine_text and (rest := self.text.flush()):
+                    out.append(rest)
+                break
+            if not self._engine_text:
+                piece = self.text.push(piece)
+            if piece:
+                out.append(piece)
+        return out, done
+
     def cancel(self) -> None:
         self._cancel.set()
 
@@ -149,6 +172,9 @@ class Engine:
         self._closing = False
         self.steps = 0
         self.preemptions = 0
+        # called on the engine's thread after each turn of its loop (a step, or requests finished without one):
+        # an asynchronous reader (minfer.serve) wakes its handles there instead of a thread each
+        self.on_turn: list = []
         self._thread = threading.Thread(target=self._loop, name="minfer-batch", daemon=True)
         self._thread.start()
 
@@ -221,6 +247,8 @@ class Engine:
                         r._finish("cancelled")
                     self._running.clear()
                     self._waiting.clear()
+                    for f in self.on_turn:
+                        f()
                     return
             batch: list[tuple[Request, int]] = []
             try:
@@ -235,6 +263,8 @@ class Engine:
                     if r in self._running:
                         self._running.remove(r)
                     r._finish("error", e)
+            for f in self.on_turn:
+                f()
 
     def _release(self, r: Request) -> None:
         if r.blocks is not None:
