@@ -4,8 +4,8 @@ llama.cpp's `llama-server` on the same file when LLAMA_SERVER names a binary bui
     python benchmarks/bench_serve.py -m qwen2.5-coder-0.5b -t 2 --clients 1,4,8 --tokens 64
     LLAMA_SERVER=/path/to/llama-server python benchmarks/bench_serve.py ...   # both, same run
 
-Each client sends its own fixed prompt (greedy, `max_tokens` tokens, stream) through the OpenAI API; for
-each N: aggregate generated tok/s (all tokens over the wall time of the round), time to first token and
+Each client sends its own fixed prompt (greedy, `max_tokens` tokens, stream) through the OpenAI API; each
+N runs twice, the first round warming the server to that load and the second measured; for each N: aggregate generated tok/s (all tokens over the wall time of the round), time to first token and
 inter-token latency p50 / p99 (client side), and whether every stream's text equals that prompt's text
 alone.  Servers listen on 127.0.0.1; each gets N parallel slots / sequences and a context of 8192 tokens.
 """
@@ -60,12 +60,12 @@ def start_llama(exe: str, path: str, threads: int, n: int, port: int, extra: lis
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def stream(url: str, prompt: str, tokens: int) -> tuple[str, float, list[float]]:
+def stream(client: httpx.Client, url: str, prompt: str, tokens: int) -> tuple[str, float, list[float]]:
     """(text, seconds to the first token, gaps between later tokens)."""
     body = {"model": "m", "prompt": prompt, "max_tokens": tokens, "temperature": 0, "stream": True}
     t0 = time.perf_counter()
     text, ttft, gaps, last = [], None, [], None
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
+    with client.stream("POST", url + "/v1/completions", json=body) as r:
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -83,19 +83,24 @@ def stream(url: str, prompt: str, tokens: int) -> tuple[str, float, list[float]]
 
 
 def rounds(url: str, clients: list[int], tokens: int) -> dict:
+    # one client (connection pool) for all streams: a client apiece costs the benchmark's own process ~20 ms of
+    # setup under the GIL each, which showed up as the server's time to first token
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=max(clients) + 4))
     prompts = [f"Write a short story about a robot named Unit {i} who" for i in range(max(clients))]
-    alone = {p: stream(url, p, tokens)[0] for p in prompts}
+    alone = {p: stream(client, url, p, tokens)[0] for p in prompts}
     out = {}
     for n in clients:
-        t0 = time.perf_counter()
-        with concurrent.futures.ThreadPoolExecutor(n) as ex:
-            res = list(ex.map(lambda p: stream(url, p, tokens), prompts[:n]))
-        wall = time.perf_counter() - t0
+        for _ in range(2):  # the first round warms the server to this load (plans, graphs); the second counts
+            t0 = time.perf_counter()
+            with concurrent.futures.ThreadPoolExecutor(n) as ex:
+                res = list(ex.map(lambda p: stream(client, url, p, tokens), prompts[:n]))
+            wall = time.perf_counter() - t0
         ttft = np.array([r[1] for r in res])
         gaps = np.array([g for r in res for g in r[2]] or [0.0])
         out[n] = dict(tps=n * tokens / wall, ttft50=np.percentile(ttft, 50) * 1e3, ttft99=np.percentile(ttft, 99) * 1e3,
                       itl50=np.percentile(gaps, 50) * 1e3, itl99=np.percentile(gaps, 99) * 1e3,
                       same=sum(r[0] == alone[p] for r, p in zip(res, prompts)))
+    client.close()
     return out
 
 
@@ -110,9 +115,11 @@ def main():
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT / "python"))
     sys.path.insert(0, str(ROOT / "tests"))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     if a.model.startswith("layout:"):
+        from bench_batched import LAYOUTS
         from conftest import layout_model
-        path = str(layout_model(a.model[7:]))
+        path = str(layout_model(LAYOUTS[a.model[7:]]))
     else:
         from minfer import engine
         path = engine.resolve(a.model)
