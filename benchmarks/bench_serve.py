@@ -4,10 +4,11 @@ llama.cpp's `llama-server` on the same file when LLAMA_SERVER names a binary bui
     python benchmarks/bench_serve.py -m qwen2.5-coder-0.5b -t 2 --clients 1,4,8 --tokens 64
     LLAMA_SERVER=/path/to/llama-server python benchmarks/bench_serve.py ...   # both, same run
 
-Each client sends its own fixed prompt (greedy, `max_tokens` tokens, stream) through the OpenAI API; each
-N runs twice, the first round warming the server to that load and the second measured; for each N: aggregate generated tok/s (all tokens over the wall time of the round), time to first token and
+Each client sends its own prompt (greedy, `max_tokens` tokens, stream) through the OpenAI API; each N runs
+twice, a round warming the server to that load, then the measured round on new prompts; for each N: aggregate generated tok/s (all tokens over the wall time of the round), time to first token and
 inter-token latency p50 / p99 (client side), and whether every stream's text equals that prompt's text
-alone.  Servers listen on 127.0.0.1; each gets N parallel slots / sequences and a context of 8192 tokens.
+alone.  Servers listen on 127.0.0.1; each gets N parallel slots / sequences; llama-server a context of 8192
+tokens shared by its slots, minfer 8192 a sequence.
 """
 from __future__ import annotations
 
@@ -48,7 +49,10 @@ def wait_ready(url: str, proc, seconds: float = 300) -> None:
 
 
 def start_minfer(path: str, threads: int, n: int, port: int, backend: str):
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    import minfer  # the server runs the minfer this script imports (installed, or python/ on the path)
+
+    env = dict(os.environ, PYTHONPATH=str(Path(minfer.__file__).resolve().parents[1]) + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen([sys.executable, "-m", "minfer.serve", "--model", path, "--port", str(port),
                              "--threads", str(threads), "--max-sequences", str(max(n, 1)), "--ctx", "8192",
                              "--backend", backend], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -56,7 +60,7 @@ def start_minfer(path: str, threads: int, n: int, port: int, backend: str):
 
 def start_llama(exe: str, path: str, threads: int, n: int, port: int, extra: list[str]):
     return subprocess.Popen([exe, "-m", path, "--port", str(port), "--host", "127.0.0.1", "-np", str(max(n, 1)),
-                             "-c", str(8192 * max(n, 1)), "-t", str(threads), "--no-webui", *extra],
+                             "-c", "8192", "-t", str(threads), "--no-webui", *extra],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -83,23 +87,30 @@ def stream(client: httpx.Client, url: str, prompt: str, tokens: int) -> tuple[st
 
 
 def rounds(url: str, clients: list[int], tokens: int) -> dict:
-    # one client (connection pool) for all streams: a client apiece costs the benchmark's own process ~20 ms of
-    # setup under the GIL each, which showed up as the server's time to first token
-    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=max(clients) + 4))
-    prompts = [f"Write a short story about a robot named Unit {i} who" for i in range(max(clients))]
-    alone = {p: stream(client, url, p, tokens)[0] for p in prompts}
-    out = {}
+    # one client for all streams (a client apiece costs the benchmark's own process ~20 ms of setup under the
+    # GIL each, which showed up as the server's time to first token), a fresh connection a request (llama-server
+    # closes a kept-alive connection after a few requests, racing the next one)
+    client = httpx.Client(timeout=600, limits=httpx.Limits(max_connections=max(clients) + 4,
+                                                           max_keepalive_connections=0))
+    def prompts(tag: str, n: int) -> list[str]:
+        return [f"{tag}{i}: write a short story about a robot who" for i in range(n)]  # no prefix shared
+
+    out, results = {}, {}
     for n in clients:
-        for _ in range(2):  # the first round warms the server to this load (plans, graphs); the second counts
+        # a warm-up round (plans, graphs) on other prompts, then the measured one on prompts neither server has
+        # seen (a server's prompt cache must not answer them)
+        for tag in (f"w{n}", f"m{n}"):
             t0 = time.perf_counter()
             with concurrent.futures.ThreadPoolExecutor(n) as ex:
-                res = list(ex.map(lambda p: stream(client, url, p, tokens), prompts[:n]))
+                res = list(ex.map(lambda p: stream(client, url, p, tokens), prompts(tag, n)))
             wall = time.perf_counter() - t0
+        results[n] = res
         ttft = np.array([r[1] for r in res])
         gaps = np.array([g for r in res for g in r[2]] or [0.0])
         out[n] = dict(tps=n * tokens / wall, ttft50=np.percentile(ttft, 50) * 1e3, ttft99=np.percentile(ttft, 99) * 1e3,
-                      itl50=np.percentile(gaps, 50) * 1e3, itl99=np.percentile(gaps, 99) * 1e3,
-                      same=sum(r[0] == alone[p] for r, p in zip(res, prompts)))
+                      itl50=np.percentile(gaps, 50) * 1e3, itl99=np.percentile(gaps, 99) * 1e3)
+    for n in clients:  # each stream against its prompt alone, after the rounds
+        out[n]["same"] = sum(r[0] == stream(client, url, p, tokens)[0] for r, p in zip(results[n], prompts(f"m{n}", n)))
     client.close()
     return out
 

@@ -20,7 +20,9 @@ httpx = pytest.importorskip("httpx", reason="the server tests need httpx")
 pytest.importorskip("uvicorn", reason='the server needs its extra (pip install "minfer[serve]")')
 pytest.importorskip("starlette", reason='the server needs its extra (pip install "minfer[serve]")')
 
-PYTHON_DIR = Path(__file__).resolve().parents[1] / "python"
+import minfer  # noqa: E402  (the server runs the minfer these tests import: installed, or python/ on the path)
+
+PYTHON_DIR = Path(minfer.__file__).resolve().parents[1]
 
 
 class Served:
@@ -38,19 +40,14 @@ class Served:
                 out[k] = float(v)
         return out
 
-    def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
 
-
-def start(*args, key=None) -> Served:
+def start(*args, key=None, model=None) -> Served:
+    """A server of the tiny synthetic model (or `model`) on a free port, once /health says ok."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, "-m", "minfer.serve", "--model", str(synthetic_model("qwen2-tiny-q8_0")), "--port",
+    cmd = [sys.executable, "-m", "minfer.serve", "--model", model or str(synthetic_model("qwen2-tiny-q8_0")), "--port",
            str(port), "--threads", "2", "--ctx", "256", *args] + (["--api-key", key] if key else [])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     srv = Served(proc, port, key)
@@ -236,38 +233,51 @@ def test_sigterm_lets_running_requests_finish():
 
 
 def test_soak_short():
-    """150 requests of random lengths, a third of them abandoned mid-stream: none lost, the KV blocks all back,
-    the server's memory after them within 5 % of its memory after a warm-up."""
-    import random
+    """benchmarks/soak_serve.py's soak, short: 150 requests of random lengths, a third abandoned mid-stream;
+    none lost, the KV blocks all back, the server's memory within 5 % of its memory after a warm-up."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from soak_serve import soak
 
     srv = start("--max-sequences", "16")
-    rnd = random.Random(0)
     try:
-        def one(i):
-            n = rnd.randint(1, 40)
-            body = {"prompt": f"req {i} " * rnd.randint(1, 20), "max_tokens": n, "temperature": 0.8, "seed": i,
-                    "stream": True}
-            got = 0
-            with httpx.stream("POST", srv.url + "/v1/completions", json=body, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line == "data: [DONE]":
-                        return "done"
-                    if line.startswith("data:"):
-                        got += 1
-                        if i % 3 == 0 and got > 2:
-                            return "left"
-            return "lost"
-        with concurrent.futures.ThreadPoolExecutor(16) as ex:
-            list(ex.map(one, range(40)))  # warm-up
-            time.sleep(0.5)
-            rss0 = srv.rss_kib()
-            outcomes = list(ex.map(one, range(40, 190)))
-        assert "lost" not in outcomes
-        deadline = time.monotonic() + 10
-        while srv.metrics()["minfer_requests_running"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        m = srv.metrics()
-        assert m["minfer_requests_running"] == 0 and m["minfer_kv_blocks_used"] == 0
-        assert srv.rss_kib() <= rss0 * 1.05, (rss0, srv.rss_kib())
+        r = soak(srv.url, srv.proc.pid, requests=150, warmup=200)
     finally:
         stop(srv)
+    assert len(r["outcomes"]) == 150 and "lost" not in r["outcomes"] and "left" in r["outcomes"]
+    assert r["running"] == 0 and r["blocks_used"] == 0
+    assert r["rss1"] <= r["rss0"] * 1.05, (r["rss0"], r["rss1"])
+
+
+def test_health_while_loading_and_after_a_failed_load(monkeypatch):
+    """/health is 503 (and a request 503 with Retry-After) while the model loads, 200 once it has; a model that
+    fails to load makes /health 500 with the reason, and requests 500."""
+    from starlette.testclient import TestClient
+
+    from minfer.serve import app as app_mod
+
+    gate, real = threading.Event(), app_mod.Engine
+
+    def slow_engine(*a, **k):
+        gate.wait(30)
+        return real(*a, **k)
+    monkeypatch.setattr(app_mod, "Engine", slow_engine)
+    srv = app_mod.Server(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, n_ctx=128)
+    with TestClient(app_mod.build_app(srv)) as c:
+        assert c.get("/health").status_code == 503
+        r = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2})
+        assert r.status_code == 503 and r.headers["retry-after"] == "1"
+        gate.set()
+        deadline = time.monotonic() + 30
+        while c.get("/health").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()["usage"]["completion_tokens"] == 2
+
+    bad = app_mod.Server("/nonexistent/model.gguf")
+    with TestClient(app_mod.build_app(bad)) as c:
+        deadline = time.monotonic() + 10
+        while c.get("/health").status_code == 503 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        r = c.get("/health")
+        assert r.status_code == 500 and "nonexistent" in r.json()["error"]
+        r = c.post("/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 500 and "failed to load" in r.json()["error"]["message"]

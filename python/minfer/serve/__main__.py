@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     from .. import hub
     from .app import Server, build_app
 
+    _fixed_mmap_threshold()
     _Server = _server_class()
     server = Server(a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx, threads=a.threads, backend=a.backend,
                     max_sequences=a.max_sequences, max_queue=a.max_queue, api_key=a.api_key,
@@ -41,6 +42,20 @@ def main(argv=None) -> int:
                             timeout_graceful_shutdown=a.drain)
     _Server(config).run()
     return 0
+
+
+def _fixed_mmap_threshold() -> None:
+    """glibc raises its mmap threshold each time a large block is freed, after which the steps' logits (0.6 MB a
+    sequence) come from the heap and a long-running server's memory drifts by tens of MB; a fixed threshold
+    keeps large blocks mapped and returned when freed.  Nothing elsewhere."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 128 * 1024)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
 
 
 def _server_class():
