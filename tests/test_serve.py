@@ -129,7 +129,7 @@ def test_stop_strings_seeds_and_n(server):
     ({"prompt": "x", "max_tokens": "a"}, 400, "max_tokens"),
     ({"prompt": "x", "temperature": 5}, 400, "temperature"),
     ({"prompt": "x", "bogus": 1}, 400, "bogus"),
-    ({"prompt": "x", "logprobs": 2}, 400, "logprobs"),
+    ({"prompt": "x", "logprobs": 21}, 400, "logprobs"),
     ({"prompt": 3}, 400, "prompt"),
     ({"prompt": [999999999]}, 400, "prompt"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "stop"),
@@ -281,3 +281,31 @@ def test_health_while_loading_and_after_a_failed_load(monkeypatch):
         assert r.status_code == 500 and "nonexistent" in r.json()["error"]
         r = c.post("/v1/completions", json={"prompt": "x"})
         assert r.status_code == 500 and "failed to load" in r.json()["error"]["message"]
+
+
+def test_logprobs(server):
+    """Completions' logprobs=k and chat's logprobs/top_logprobs: each generated token's log-probability (the
+    model's, from the raw logits) and the k likeliest; greedy picks the likeliest; the first token's equals a
+    float64 log-softmax of the same model's logits for the prompt, run alone."""
+    import numpy as np
+
+    c = server.client.completions.create(model="m", prompt="def fib(n):", max_tokens=6, temperature=0, logprobs=3)
+    lp = c.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 6
+    assert "".join(lp.tokens) == c.choices[0].text and lp.text_offset[0] == 0
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert len(top) == 3 and chosen == pytest.approx(max(top.values()), abs=1e-9) and chosen <= 0
+    ids = httpx.post(server.url + "/tokenize", json={"content": "def fib(n):"}).json()["tokens"]
+    with minfer.LLM(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, n_ctx=256) as llm:
+        x = llm.logits(ids)[-1].astype(np.float64)
+    ref = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    assert lp.token_logprobs[0] == pytest.approx(ref.max(), abs=1e-4)
+
+    st = list(server.client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi"}],
+                                                    max_tokens=5, temperature=0.9, seed=3, logprobs=True,
+                                                    top_logprobs=2, stream=True))
+    entries = [e for ch in st if ch.choices and ch.choices[0].logprobs for e in ch.choices[0].logprobs.content]
+    assert len(entries) == 5 and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in entries)
+    r = httpx.post(server.url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "Hi"}], "top_logprobs": 2})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"

@@ -42,8 +42,12 @@ class Request:
     """A submitted generation: iterate it for its text pieces, or wait for `result()`; `cancel()` stops it
     before its next step."""
 
-    def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset):
+    def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset,
+                 logprobs: int | None = None):
         self.prompt = list(ids)
+        # None: no log-probabilities; k >= 0: each generated token's, and the k likeliest (token_logprobs)
+        self.logprobs = logprobs
+        self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
         self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
         self.tokens: list[int] = []               # generated
@@ -180,10 +184,13 @@ class Engine:
 
     # -- the API ------------------------------------------------------------------------------------------
     def submit(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-               parse_special: bool = False, **sampling) -> Request:
+               parse_special: bool = False, logprobs: int | None = None, **sampling) -> Request:
         """Queues a request; returns its handle at once.  Bad parameters and prompts that can never fit are
-        errors here, before any work."""
+        errors here, before any work.  logprobs=k: each generated token's log-probability and the k likeliest
+        tokens' (the handle's token_logprobs; such a sequence's steps return logits to the host)."""
         check_request(max_tokens, sampling)
+        if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
+            raise ValueError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
         ids = self.tokenizer.encode(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
@@ -197,7 +204,7 @@ class Engine:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
                                      f"{self.pool.n_blocks * self.pool.block_size}")
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
-                      self.tokenizer.special.eog)
+                      self.tokenizer.special.eog, logprobs)
         if max_tokens == 0:
             req._finish("length")
             return req
@@ -351,18 +358,24 @@ class Engine:
             tables[i, :len(r.blocks.table)] = r.blocks.table
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
         rows = [i for i, (r, n) in enumerate(batch) if r.n_kv + n == len(r.all_tokens)]  # those that sample
-        greedy = all(batch[i][0].sampler.greedy for i in rows)
+        greedy = all(batch[i][0].sampler.greedy and batch[i][0].logprobs is None for i in rows)
+        lps: dict[int, tuple] = {}
         if greedy:
             picked = runner.step_greedy(*args)
         else:
             logits = runner.step(*args)
             picked = np.zeros(len(batch), np.int32)
             picked[rows] = _minfer.sample_rows([batch[i][0].sampler for i in rows], logits[rows])
+            for i in rows:
+                if batch[i][0].logprobs is not None:
+                    lps[i] = _logprobs(logits[i], int(picked[i]), batch[i][0].logprobs)
         self.steps += 1
         for i, (r, n) in enumerate(batch):
             r.n_kv += n
             self.pool.written(r.blocks, r.all_tokens, r.n_kv)
             if r.n_kv == len(r.all_tokens):
+                if i in lps and int(picked[i]) not in r.eog:  # an end-of-generation token is no output token
+                    r.token_logprobs.append(lps[i])
                 self._take(r, int(picked[i]))
 
     def _take(self, r: Request, tok: int) -> None:
@@ -394,3 +407,13 @@ class Engine:
             self._running.remove(r)
             self._release(r)
             r._finish(reason)
+
+
+def _logprobs(logits: np.ndarray, tok: int, k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The model's log-probability of `tok` (a log-softmax of the raw logits, before any sampling setting) and
+    the k likeliest tokens with theirs, likeliest first."""
+    x = logits.astype(np.float64)
+    lse = float(x.max() + np.log(np.exp(x - x.max()).sum()))
+    top = np.argpartition(-x, k)[:k] if k else np.zeros(0, np.int64)
+    top = top[np.argsort(-x[top], kind="stable")]
+    return float(x[tok] - lse), [(int(t), float(x[t] - lse)) for t in top]

@@ -138,7 +138,8 @@ def _submit(srv: Server, eng: Engine, job: api.Job, ids: list[list[int]]) -> lis
                 if i and "seed" in sampling:  # n samples of one seeded request: seeds seed, seed + 1, ...
                     sampling["seed"] = (sampling["seed"] + i) % (1 << 64)
                 max_tokens = job.max_tokens if job.max_tokens >= 0 else eng.n_ctx - len(p)
-                handles.append(eng.submit(p, max_tokens=max_tokens, stop=job.stop, **sampling))
+                handles.append(eng.submit(p, max_tokens=max_tokens, stop=job.stop, logprobs=job.logprobs,
+                                          **sampling))
     except (ValueError, TypeError, ContextLengthError, _minfer.MinferError) as e:
         for h in handles:
             h.cancel()
@@ -154,6 +155,8 @@ class _Tracker:
         self.done = [False] * len(handles)
         self.seen = [0] * len(handles)
         self.last = [None] * len(handles)
+        self.lp_seen = [0] * len(handles)   # tokens whose log-probabilities went out (streaming)
+        self.chars = [0] * len(handles)     # characters of each choice's text so far (text_offset)
 
     def poll(self, i: int) -> list[str]:
         h = self.handles[i]
@@ -166,6 +169,19 @@ class _Tracker:
                 self.srv.metrics.first_token(h.metrics.ttft_s)
             self.seen[i], self.last[i] = n, now
         return pieces
+
+    def logprobs(self, job: api.Job, i: int, tokenizer, everything: bool = False) -> dict | None:
+        """Choice i's log-probabilities of the tokens since the last call (or of all of them)."""
+        if job.logprobs is None:
+            return None
+        h = self.handles[i]
+        n = min(len(h.tokens), len(h.token_logprobs))
+        a = 0 if everything else self.lp_seen[i]
+        self.lp_seen[i] = n
+        out = api.logprobs(job, tokenizer.token_bytes, h.tokens[a:n], h.token_logprobs[a:n], self.chars[i])
+        if job.kind == "completion":
+            self.chars[i] += sum(len(t) for t in out["tokens"])
+        return out
 
     def cancel(self) -> None:
         for h, d in zip(self.handles, self.done):
@@ -192,8 +208,9 @@ async def _completions(request: Request, kind: str) -> Response:
         return _error(e)
     tr = _Tracker(srv, handles, job.n)
     echo = [eng.tokenizer.decode(p) if job.echo else "" for p in ids for _ in range(job.n)]
+    tr.chars = [len(e) for e in echo]
     if job.stream:
-        return StreamingResponse(_stream(srv, job, tr, ids, echo), media_type="text/event-stream",
+        return StreamingResponse(_stream(srv, eng, job, tr, ids, echo), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     texts = list(echo)
     try:
@@ -214,10 +231,11 @@ async def _completions(request: Request, kind: str) -> Response:
         return _error(api.APIError(500, f"generation failed: {e}", kind="server_error"))
     tr.record(ids, "ok")
     reasons = [api.finish_reason(h.metrics.stop_reason) for h in handles]
-    return JSONResponse(api.final(job, texts, reasons, tr.usage(ids)))
+    lps = [tr.logprobs(job, i, eng.tokenizer, everything=True) for i in range(len(handles))]
+    return JSONResponse(api.final(job, texts, reasons, tr.usage(ids), lps))
 
 
-async def _stream(srv: Server, job: api.Job, tr: _Tracker, ids: list[list[int]], echo: list[str]):
+async def _stream(srv: Server, eng: Engine, job: api.Job, tr: _Tracker, ids: list[list[int]], echo: list[str]):
     def event(obj) -> str:
         return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
@@ -237,8 +255,9 @@ async def _stream(srv: Server, job: api.Job, tr: _Tracker, ids: list[list[int]],
                     yield event(api.APIError(500, f"generation failed: {e}", kind="server_error").body())
                     outcome = "error"
                     return
-                if text:
-                    yield event(api.chunk(job, i, text, None))
+                lp = tr.logprobs(job, i, eng.tokenizer)
+                if text or (lp and (lp.get("content") or lp.get("tokens"))):
+                    yield event(api.chunk(job, i, text, None, lp=lp))
                 if tr.done[i]:
                     ended[i] = True
                     yield event(api.chunk(job, i, None, api.finish_reason(tr.handles[i].metrics.stop_reason)))

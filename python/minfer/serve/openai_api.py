@@ -36,6 +36,7 @@ class Job:
     stream: bool
     include_usage: bool
     echo: bool = False
+    logprobs: int | None = None  # None: none asked; k: each token's and the k likeliest
     parse_special: bool = False
     model: str = ""
     id: str = field(default_factory=lambda: uuid.uuid4().hex[:24])
@@ -74,8 +75,6 @@ def parse(body, kind: str, n_vocab: int, max_n: int = 16) -> Job:
     for name, why in _REFUSED.items():
         if body.get(name) not in (None, [], ""):
             raise APIError(400, why, name)
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") is not None:
-        raise APIError(400, "logprobs are not supported by this server yet", "logprobs")
     rf = body.get("response_format")
     if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
         raise APIError(400, "only response_format {'type': 'text'} is supported", "response_format")
@@ -158,13 +157,26 @@ def parse(body, kind: str, n_vocab: int, max_n: int = 16) -> Job:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise APIError(400, "'stream' must be a boolean", "stream")
+    logprobs = None
+    if kind == "chat":
+        want = body.get("logprobs", False)
+        if not isinstance(want, bool):
+            raise APIError(400, "'logprobs' must be a boolean", "logprobs")
+        top = _number(body, "top_logprobs", 0, 20, integer=True)
+        if top is not None and not want:
+            raise APIError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        logprobs = (top or 0) if want else None
+    else:
+        logprobs = _number(body, "logprobs", 0, 20, integer=True)
+        if body.get("top_logprobs") is not None:
+            raise APIError(400, "'top_logprobs' is a chat field; completions take 'logprobs': k", "top_logprobs")
     echo = body.get("echo", False)
     if kind == "completion" and not isinstance(echo, bool):
         raise APIError(400, "'echo' must be a boolean", "echo")
     return Job(kind=kind, prompts=prompts, n=n, max_tokens=16 if max_tokens is None and kind == "completion"
                else max_tokens if max_tokens is not None else -1, stop=stop, sampling=sampling, stream=stream,
                include_usage=bool((so or {}).get("include_usage")), echo=bool(echo) and kind == "completion",
-               model=str(body.get("model") or ""))
+               model=str(body.get("model") or ""), logprobs=logprobs)
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
@@ -178,7 +190,29 @@ def finish_reason(stop_reason: str | None) -> str | None:
                                                                                           stop_reason)
 
 
-def chunk(job: Job, index: int, text: str | None, reason: str | None, role: bool = False) -> dict:
+def logprobs(job: Job, token_bytes, tokens: list[int], lps: list, offset: int = 0) -> dict | None:
+    """The `logprobs` of a choice or a chunk for these tokens (lps: (logprob, [(token, logprob)...]) each),
+    in the chat shape or the completions one (`offset`: the characters of the choice's text before them)."""
+    if job.logprobs is None:
+        return None
+
+    def text(t):
+        b = token_bytes(t)
+        return b.decode("utf-8", "replace"), list(b)
+    if job.kind == "chat":
+        return {"content": [{"token": text(t)[0], "logprob": lp, "bytes": text(t)[1],
+                             "top_logprobs": [{"token": text(u)[0], "logprob": v, "bytes": text(u)[1]} for u, v in top]}
+                            for t, (lp, top) in zip(tokens, lps)]}
+    strs = [text(t)[0] for t in tokens]
+    offsets = []
+    for s_ in strs:
+        offsets.append(offset)
+        offset += len(s_)
+    return {"tokens": strs, "token_logprobs": [lp for lp, _ in lps],
+            "top_logprobs": [{text(u)[0]: v for u, v in top} for _, top in lps], "text_offset": offsets}
+
+
+def chunk(job: Job, index: int, text: str | None, reason: str | None, role: bool = False, lp: dict | None = None) -> dict:
     """One streamed piece: a completion's text or a chat message's delta."""
     if job.kind == "chat":
         delta = {}
@@ -186,23 +220,24 @@ def chunk(job: Job, index: int, text: str | None, reason: str | None, role: bool
             delta["role"] = "assistant"
         if text:
             delta["content"] = text
-        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": reason}
         obj = "chat.completion.chunk"
     else:
-        choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": reason}
+        choice = {"index": index, "text": text or "", "logprobs": lp, "finish_reason": reason}
         obj = "text_completion"
     return {"id": _id(job), "object": obj, "created": job.created, "model": job.model, "choices": [choice]}
 
 
-def final(job: Job, texts: list[str], reasons: list[str | None], use: dict) -> dict:
-    """The whole response of a request that did not stream."""
+def final(job: Job, texts: list[str], reasons: list[str | None], use: dict, lps: list | None = None) -> dict:
+    """The whole response of a request that did not stream (lps: each choice's `logprobs`)."""
+    lps = lps or [None] * len(texts)
     if job.kind == "chat":
-        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": None,
-                    "finish_reason": r} for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [{"index": i, "message": {"role": "assistant", "content": t}, "logprobs": lp,
+                    "finish_reason": r} for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
         obj = "chat.completion"
     else:
-        choices = [{"index": i, "text": t, "logprobs": None, "finish_reason": r}
-                   for i, (t, r) in enumerate(zip(texts, reasons))]
+        choices = [{"index": i, "text": t, "logprobs": lp, "finish_reason": r}
+                   for i, (t, r, lp) in enumerate(zip(texts, reasons, lps))]
         obj = "text_completion"
     return {"id": _id(job), "object": obj, "created": job.created, "model": job.model, "choices": choices,
             "usage": use}
