@@ -88,6 +88,8 @@ def main():
     ap.add_argument("-m", "--model", default="", help="a model name or path (default: the tiny synthetic model)")
     ap.add_argument("--minutes", type=float, default=10.0)
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=400,
+                    help="requests before the memory reference (the plans, caches and heap reach their size)")
     a = ap.parse_args()
     root = Path(__file__).resolve().parents[1]
     sys.path[:0] = [str(root / "tests"), str(root / "python")]
@@ -97,7 +99,7 @@ def main():
     srv = test_serve.start(*args, model=a.model or None)
     try:
         t0 = time.monotonic()
-        r = soak(srv.url, srv.proc.pid, seconds=a.minutes * 60, workers=a.clients)
+        r = soak(srv.url, srv.proc.pid, seconds=a.minutes * 60, workers=a.clients, warmup=a.warmup)
         n = {k: r["outcomes"].count(k) for k in ("done", "left", "lost")}
         print(f"# soak {a.minutes} min, {a.clients} clients, {len(r['outcomes'])} requests in "
               f"{time.monotonic() - t0:.0f} s: {n}")
