@@ -25,7 +25,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_q8_chunks.cuh"
-#include "backends/cuda/stage_copy.cuh"
+#include "backends/cuda/batch_gemm.cuh"
 
 namespace minfer::cuda {
 
@@ -171,9 +171,6 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
     const int64_t k_end = int64_t(blockIdx.z + 1) * k_len, s_end = (k_end < K ? k_end : K) / S::kSlice;
     const int64_t steps = s_end - s_begin;
     if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
-    x += int64_t(blockIdx.y) * S::kTok * K;  // this block's activation rows
-    y += int64_t(blockIdx.y) * S::kTok * ldy;
-    M -= int(blockIdx.y) * S::kTok;
     const int w_rows = int(N - n0 < kWRows ? N - n0 : kWRows), x_rows = M < S::kTok ? M : S::kTok;
     if (threadIdx.x == 0) {
         for (int i = 0; i < kS; i++) init_stage_barrier(&full[i], unsigned(w_rows + x_rows));
@@ -262,65 +259,24 @@ __global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t
     *(uint4*)(out + r * K + 8 * i) = o;
 }
 
-int slice_for(uint32_t type) {
-    switch (type) {
-        case GGML_TYPE_Q4_K: return MmaW<GGML_TYPE_Q4_K>::kSlice;
-        case GGML_TYPE_Q6_K: return MmaW<GGML_TYPE_Q6_K>::kSlice;
-        case GGML_TYPE_Q8_0: return MmaW<GGML_TYPE_Q8_0>::kSlice;
-        default: return 0;
-    }
-}
+static_assert(MmaW<GGML_TYPE_Q4_K>::kSlice == 256 && MmaW<GGML_TYPE_Q6_K>::kSlice == 256 &&
+              MmaW<GGML_TYPE_Q8_0>::kSlice == 128, "the slices batch_slice() gives");
 
-constexpr int kMaxTiles = 8;
-int tiles_for(int M) { return M <= 8 ? 1 : M <= 16 ? 2 : M <= 32 || kMaxTiles == 4 ? 4 : 8; }
-
-// A build of the kernel and the shared memory its stages take.
-struct Built {
-    void (*kernel)(const __nv_bfloat16*, int, int64_t, const uint8_t*, int64_t, int64_t, int64_t, float*, int64_t,
-                   const float*);
-    size_t smem;
+template <int T, int NT> struct Build {
+    static constexpr auto kernel = gemm_mma_kernel<T, NT>;
+    static constexpr size_t smem = size_t(Stage<T, NT>::kCount) * Stage<T, NT>::kBytes;
 };
-
-// The kernel for (T, NT), its shared memory allowed once per process.
-template <int T, int NT> Built built() {
-    static const Built b = [] {
-        const Built k{gemm_mma_kernel<T, NT>, size_t(Stage<T, NT>::kCount) * Stage<T, NT>::kBytes};
-        const cudaError_t e = cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(k.smem));
-        if (e != cudaSuccess)
-            throw MinferError(strfmt("CUDA gemm_mma: a block cannot have %zu bytes of shared memory: %s", k.smem,
-                                     cudaGetErrorString(e)));
-        return k;
-    }();
-    return b;
-}
-
-template <int T> Built built(int nt) {
-    switch (nt) {
-        case 1: return built<T, 1>();
-        case 2: return built<T, 2>();
-        case 4: return built<T, 4>();
-        default: return built<T, 8>();
-    }
-}
-
-Built built_for(uint32_t type, int nt) {
-    switch (type) {
-        case GGML_TYPE_Q4_K: return built<GGML_TYPE_Q4_K>(nt);
-        case GGML_TYPE_Q6_K: return built<GGML_TYPE_Q6_K>(nt);
-        default: return built<GGML_TYPE_Q8_0>(nt);
-    }
-}
 
 }  // namespace
 
 bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K) {
-    const int sl = slice_for(type);
+    const int sl = batch_slice(type);
     return sl > 0 && M >= 1 && M <= kGemmMmaMaxRows && K % sl == 0;
 }
 
 int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
     (void)M;
-    const int sl = slice_for(type);
+    const int sl = batch_slice(type);
     return sl ? stream_splits((N + kWRows - 1) / kWRows, K / sl) : 1;
 }
 
@@ -339,14 +295,14 @@ void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t
     if (!gemm_mma_fits(wtype, M, K))
         throw MinferError(strfmt("CUDA gemm_mma: %s weights, %lld rows of width %lld (Q4_K, Q6_K or Q8_0; 1..%d rows; "
                                  "width a multiple of %d)", type_traits(wtype).name, (long long)M, (long long)K,
-                                 kGemmMmaMaxRows, std::max(slice_for(wtype), 128)));
-    const int nt = tiles_for(int(M));
+                                 kGemmMmaMaxRows, std::max(batch_slice(wtype), 128)));
+    const int nt = batch_tiles(int(M));
     const int splits = partial ? gemm_mma_splits(wtype, M, N, K) : 1;
-    const int sl = slice_for(wtype);
+    const int sl = batch_slice(wtype);
     const int64_t k_len = (K / sl + splits - 1) / splits * sl;  // whole slices a range; the last may be shorter
     const int64_t rb = row_bytes(wtype, K);
-    const Built k = built_for(wtype, nt);
-    const dim3 grid(unsigned((N + kWRows - 1) / kWRows), unsigned((M + 8 * nt - 1) / (8 * nt)), unsigned(splits));
+    const auto k = batch_kernel<Build>(wtype, nt, "gemm_mma");
+    const dim3 grid(unsigned((N + kWRows - 1) / kWRows), 1u, unsigned(splits));
     float* out = splits > 1 ? partial : y;
     launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, W, rb, N, k_len,
            out, splits > 1 ? N : ldy, bias);

@@ -80,12 +80,14 @@ class Server:
             pass
 
     # -- checks --------------------------------------------------------------------------------------------
+    def authorize(self, request: Request) -> None:
+        if self.api_key is not None and request.headers.get("authorization", "") != f"Bearer {self.api_key}":
+            raise api.APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
+                               kind="authentication_error", code="invalid_api_key")
+
     def ready(self, request: Request) -> Engine:
-        if self.api_key is not None:
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {self.api_key}":
-                raise api.APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                   kind="authentication_error", code="invalid_api_key")
+        """The engine, once the request is authorized and the model loaded (else the APIError that says so)."""
+        self.authorize(request)
         if self.load_error is not None:
             raise api.APIError(500, f"the model failed to load: {self.load_error}", kind="server_error")
         if self.engine is None:
@@ -102,6 +104,10 @@ async def _json(request: Request):
 
 def _error(e: api.APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _api_error(request: Request, e: api.APIError) -> Response:  # what any handler raises
+    return _error(e)
 
 
 def _prompt_ids(srv: Server, eng: Engine, job: api.Job) -> list[list[int]]:
@@ -198,14 +204,11 @@ class _Tracker:
 
 async def _completions(request: Request, kind: str) -> Response:
     srv: Server = request.app.state.server
-    try:
-        eng = srv.ready(request)
-        job = api.parse(await _json(request), kind, eng.n_vocab)
-        job.model = job.model or srv.model_id
-        ids = _prompt_ids(srv, eng, job)
-        handles = _submit(srv, eng, job, ids)
-    except api.APIError as e:
-        return _error(e)
+    eng = srv.ready(request)
+    job = api.parse(await _json(request), kind, eng.n_vocab)
+    job.model = job.model or srv.model_id
+    ids = _prompt_ids(srv, eng, job)
+    handles = _submit(srv, eng, job, ids)
     tr = _Tracker(srv, handles, job.n)
     echo = [eng.tokenizer.decode(p) if job.echo else "" for p in ids for _ in range(job.n)]
     tr.chars = [len(e) for e in echo]
@@ -283,9 +286,7 @@ async def completions(request: Request) -> Response:
 
 async def models(request: Request) -> Response:
     srv: Server = request.app.state.server
-    if srv.api_key is not None and request.headers.get("authorization", "") != f"Bearer {srv.api_key}":
-        return _error(api.APIError(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                   kind="authentication_error", code="invalid_api_key"))
+    srv.authorize(request)
     return JSONResponse({"object": "list", "data": [{"id": srv.model_id, "object": "model", "created": srv.created,
                                                      "owned_by": "minfer"}]})
 
@@ -301,10 +302,7 @@ async def health(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     srv: Server = request.app.state.server
-    try:
-        eng = srv.ready(request)
-    except api.APIError as e:
-        return _error(e)
+    eng = srv.ready(request)
     pool = eng.pool
     return PlainTextResponse(srv.metrics.text(eng.running, eng.waiting, pool.n_blocks - pool.n_free, pool.n_blocks),
                              media_type="text/plain; version=0.0.4")
@@ -312,31 +310,24 @@ async def metrics(request: Request) -> Response:
 
 async def tokenize(request: Request) -> Response:
     srv: Server = request.app.state.server
-    try:
-        eng = srv.ready(request)
-        body = await _json(request)
-        content = body.get("content") if isinstance(body, dict) else None
-        if not isinstance(content, str):
-            raise api.APIError(400, "'content' must be a string", "content")
-        special = body.get("parse_special", False)
-        return JSONResponse({"tokens": eng.tokenizer.encode(content, parse_special=bool(special))})
-    except api.APIError as e:
-        return _error(e)
+    eng = srv.ready(request)
+    body = await _json(request)
+    content = body.get("content") if isinstance(body, dict) else None
+    if not isinstance(content, str):
+        raise api.APIError(400, "'content' must be a string", "content")
+    return JSONResponse({"tokens": eng.tokenizer.encode(content, parse_special=bool(body.get("parse_special")))})
 
 
 async def detokenize(request: Request) -> Response:
     srv: Server = request.app.state.server
-    try:
-        eng = srv.ready(request)
-        body = await _json(request)
-        toks = body.get("tokens") if isinstance(body, dict) else None
-        if not (isinstance(toks, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in toks)):
-            raise api.APIError(400, "'tokens' must be a list of token ids", "tokens")
-        if toks and (min(toks) < 0 or max(toks) >= eng.n_vocab):
-            raise api.APIError(400, f"token ids must be in [0, {eng.n_vocab})", "tokens")
-        return JSONResponse({"content": eng.tokenizer.decode(toks)})
-    except api.APIError as e:
-        return _error(e)
+    eng = srv.ready(request)
+    body = await _json(request)
+    toks = body.get("tokens") if isinstance(body, dict) else None
+    if not (isinstance(toks, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in toks)):
+        raise api.APIError(400, "'tokens' must be a list of token ids", "tokens")
+    if toks and (min(toks) < 0 or max(toks) >= eng.n_vocab):
+        raise api.APIError(400, f"token ids must be in [0, {eng.n_vocab})", "tokens")
+    return JSONResponse({"content": eng.tokenizer.decode(toks)})
 
 
 async def _http_error(request: Request, exc: HTTPException) -> Response:
@@ -360,6 +351,6 @@ def build_app(server: Server) -> Starlette:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),
-    ], lifespan=lifespan, exception_handlers={HTTPException: _http_error})
+    ], lifespan=lifespan, exception_handlers={HTTPException: _http_error, api.APIError: _api_error})
     app.state.server = server
     return app
