@@ -207,7 +207,11 @@ def main():
     ap.add_argument("--profile", type=int, default=0, help="only the per-op time of a decode step at this B")
     ap.add_argument("--prefix", type=int, default=0, help="only the prefix-caching run, with this system prompt")
     ap.add_argument("--overhead", type=int, default=0, help="only the engine's own time a step at this B")
+    ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
+                    help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     a = ap.parse_args()
+    for kv in a.kernel:
+        engine.force_kernel(*kv.split("=", 1))
     if a.overhead:
         own, steps = engine_overhead(a.overhead, a.threads)
         print(f"# engine at B={a.overhead}: {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us a "

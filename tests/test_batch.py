@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minfer
-from conftest import SYNTHETIC, require_cuda, shared_path, synthetic_model
+from conftest import SYNTHETIC, layout_model, require_cuda, shared_path, synthetic_model
 from logit_metrics import compare_topk
 from minfer import _minfer
 from minfer.quants import GGMLType as T, dequantize, quantize
@@ -115,6 +115,31 @@ def test_cuda_batch_products_by_rows(force):
         auto = step(n, "auto")
         assert np.array_equal(auto, step(n, rule)), n
         assert not np.array_equal(auto, step(n, other)), n
+
+
+@pytest.mark.gpu
+def test_cuda_two_sequences_are_each_alone(force):
+    """A CUDA batch of two sequences (the 1.5B layout: Q4_K/Q6_K products on the matvec's two-row kernel) gives
+    each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows); the
+    attention kernel pinned to one build, since its rule depends on the grid."""
+    require_cuda()
+    force("cuda.attention_group", "1")
+    model = _minfer.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+    toks = np.array([[17, 923], [151000, 5]], np.int32)
+
+    def run(ids):
+        n = len(ids)
+        runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=1024, block_size=32, device="cuda")
+        tables = np.zeros((n, runner.max_blocks), np.int32)
+        tables[:, 0] = np.arange(n)
+        return [runner.step(ids[:, s].copy(), np.full(n, s, np.int32), np.ones(n, np.int32), tables) for s in (0, 1)]
+
+    both = run(toks)
+    for i in range(2):
+        alone = run(toks[i:i + 1])
+        for s in (0, 1):
+            d = np.abs(both[s][i] - alone[s][0]).max()
+            assert np.array_equal(both[s][i], alone[s][0]), f"sequence {i}, step {s}: max difference {d:.3g}"
 
 
 @pytest.mark.parametrize("backend,kernel", [("cpu", ""), ("reference", ""),

@@ -84,6 +84,31 @@ def test_mma_rows_do_not_depend_on_the_batch(rng, wtype, n, k, path):
         assert np.array_equal(part, full[:rows]), rows
 
 
+@pytest.mark.parametrize("wtype,n,k", [("q4_k", 18944, 3584), ("q4_k", 1003, 2048), ("q6_k", 3584, 18944),
+                                       ("q6_k", 77, 1536)])
+def test_two_row_matvec(rng, wtype, n, k):
+    """The 8-bit matvec's rows kernel (each weight chunk loaded once for two activation rows: a batch step of two
+    sequences) against float64 with the bound of rounding x to 8 bits (rows past a block's 8: n = 1003, 77), and
+    each row the bits of the one-row decode matvec on it (the same chunks, lanes and warps in the same order)."""
+    check_against_float64(rng, wtype, n, k, 2, "q8")
+    t, w = random_weight(wtype, n, k, rng)
+    x = rng.standard_normal((2, k)).astype(np.float32)
+    y, _ = M.cuda_matmul(t, w, x, n, path="q8")
+    for r in range(2):
+        assert np.array_equal(y[r], M.cuda_matmul(t, w, x[r:r + 1], n, path="q8")[0][0]), r
+
+
+def test_two_row_matvec_choice(rng, force):
+    """Two rows take the rows kernel, cuda.matvec=warp the warp kernel (other sums, the same bound)."""
+    t, w = random_weight("q4_k", 64, 2048, rng)
+    x = rng.standard_normal((2, 2048)).astype(np.float32)
+    rows_kernel = M.cuda_matmul(t, w, x, 64, path="q8")[0]
+    force("cuda.matvec", "warp")
+    warp = M.cuda_matmul(t, w, x, 64, path="q8")[0]
+    assert not np.array_equal(warp, rows_kernel)
+    assert np.abs(warp - rows_kernel).max() <= 1e-4 * np.abs(rows_kernel).max()
+
+
 @pytest.mark.parametrize("kernel", ["block", "warp"])
 @pytest.mark.parametrize("wtype,n,k", [("q4_k", 1003, 2048), ("q6_k", 13, 1536), ("q5_0", 101, 896),
                                        ("q8_0", 1000, 4864), ("q4_0", 8, 3584)])

@@ -28,9 +28,9 @@ const std::vector<KernelChoiceSpec> kChoices = {
      "before the attention's / the FFN's projections only"},
     {"cuda.attention", "general", "decode attention through the general kernel"},
     {"cuda.attention_merge", "cluster|combine", "decode attention's splits merged by a block cluster or a second launch"},
-    {"cuda.batch_matmul", "int8|bf16|f16",
-     "a batch step's products (2-64 rows): int8 tensor cores on 8-bit activations, bf16 ones on quants decoded "
-     "in registers, or f16 on dequantized slices"},
+    {"cuda.batch_matmul", "matvec|int8|bf16|f16",
+     "a batch step's products (2-64 rows): the 8-bit matvec streaming each weight once for two rows, int8 "
+     "tensor cores on 8-bit activations, bf16 ones on quants decoded in registers, or f16 on dequantized slices"},
     {"cuda.attention_group", "1|all", "a batch's paged decode attention: a block per query head, or per KV head"},
     {"metal.matmul", "matvec|rows|simdgroup", "one matmul tier for every row count"},
     {"metal.attention", "flash|split", "the single-pass flash kernel or the split kernel with a combine"},

@@ -38,10 +38,11 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
         return false;
     };
-    // A batch step's products (2-64 rows) on the tensor cores where every part has them: bf16 (quants decoded
-    // with their scales) from kGemmMmaMinRows rows, where the products outweigh the stream of weight bytes, int8
-    // on 8-bit activations below, where its lighter decode streams faster.  cuda.batch_matmul forces one, or f16
-    // (gemm_q); a forced kernel these weights lack is an error.
+    // A batch step's products (2-64 rows): two rows of Q4_K/Q6_K weights the 8-bit matvec's rows kernel, which
+    // streams each weight once for both rows as decode does for one; else the tensor cores where
+    // every part has them: bf16 (quants decoded with their scales) from kGemmMmaMinRows rows, where the products
+    // outweigh the stream of weight bytes, int8 on 8-bit activations below, where its lighter decode streams
+    // faster.  cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is an error.
     const std::string choice = forced_kernel("cuda.batch_matmul");
     auto all_parts = [&](bool (*fits)(uint32_t, int64_t, int64_t)) {
         for (const Proj& p : parts)
@@ -50,9 +51,13 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     };
     const bool bf16 = rows > 1 && (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows)) &&
                       all_parts(cuda::gemm_mma_fits);
-    const bool mma = rows > 1 && !bf16 && (choice == "int8" || (choice.empty() && decode_q8_)) &&
+    const bool two_rows = rows > 1 && !bf16 &&
+                        (choice == "matvec" || (choice.empty() && decode_q8_)) &&
+                        all_parts([](uint32_t t, int64_t r, int64_t k) { return cuda::matvec_q8_rows_fits(t, int(r), k); });
+    const bool mma = rows > 1 && !bf16 && !two_rows && (choice == "int8" || (choice.empty() && decode_q8_)) &&
                      all_parts(cuda::gemm_q8_fits);
-    if (rows > 1 && rows <= cuda::kGemmQ8MaxRows && ((choice == "int8" && !mma) || (choice == "bf16" && !bf16)))
+    if (rows > 1 && rows <= cuda::kGemmQ8MaxRows &&
+        ((choice == "int8" && !mma) || (choice == "bf16" && !bf16) || (choice == "matvec" && !two_rows)))
         throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
                                  node.name.c_str(), choice.c_str(), rows));
     if (bf16) {
@@ -73,12 +78,12 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
                              cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
                          });
     }
-    if (rows <= kMatvecMaxRows) {  // decode: weights streamed once
+    if (rows <= kMatvecMaxRows) {  // decode (or a batch's two rows): weights streamed once
         MatvecArgs m;
         m.n_parts = int(parts.size());
         m.swiglu = swiglu;
         m.K = K;
-        bool q8 = decode_q8_;
+        bool q8 = decode_q8_ || two_rows;
         for (size_t i = 0; i < parts.size(); i++) {
             m.part[i] = MatvecPart{parts[i].w->p, parts[i].bias, row_bytes(parts[i].w->type, K), parts[i].w->type,
                                    parts[i].n_out, parts[i].y_col};

@@ -270,6 +270,34 @@ bool block_kernel_for(const MatvecArgs& a) {
     return a.K >= 1024;
 }
 
+// The rows kernel's build for a launch of kMatvecQ8MaxRows activation rows.
+MatvecKernel rows_kernel_build(const MatvecArgs& a) {
+    constexpr int NR = kMatvecQ8MaxRows;
+    const int t = launch_type(a);
+    return t == GGML_TYPE_Q4_K   ? matvec_q8_rows_kernel<GGML_TYPE_Q4_K, NR>
+           : t == GGML_TYPE_Q6_K ? matvec_q8_rows_kernel<GGML_TYPE_Q6_K, NR>
+                                 : matvec_q8_rows_kernel<kAnyType, NR>;
+}
+
+}  // namespace
+
+// Two activation rows take the rows kernel where the one-row launch would take the block kernel's layout (Q4_K
+// and Q6_K rows of K >= 1024); the kernel choice cuda.matvec=warp keeps them on the warp kernel (tests).  Only
+// two: each further row costs the kernel about half a one-row launch (its x loads and dot products), so that
+// from three rows the int8 tensor cores (gemm_q8, flat in rows up to 8) are faster.
+bool matvec_q8_rows_fits(uint32_t type, int rows, int64_t K) {
+    if (rows != kMatvecQ8MaxRows || forced_kernel("cuda.matvec") == "warp") return false;
+    return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) && K >= 1024 && K % 64 == 0;
+}
+
+namespace {
+
+bool rows_kernel_for(const MatvecArgs& a) {
+    for (int p = 0; p < weight_parts(a); p++)
+        if (!matvec_q8_rows_fits(a.part[p].type, a.n_rows, a.K)) return false;
+    return true;
+}
+
 }  // namespace
 
 bool matvec_q8_supported(uint32_t type, int64_t K) {
@@ -314,6 +342,7 @@ void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cud
 }
 
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s) {
+    const bool rows_kernel = a.n_rows > 1 && rows_kernel_for(a);
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 64)
         throw MinferError(strfmt("CUDA matvec_q8: %d rows of width %lld (1..%d rows; width a multiple of 64)", a.n_rows,
                                  (long long)a.K, kMatvecMaxRows));
@@ -335,7 +364,11 @@ void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t 
                size_t(a.K + a.K / 4), s, a, xq);
         return;
     }
-    if (block_kernel_for(a)) {
+    if (rows_kernel) {
+        const int64_t per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
+        launch("matvec_q8_rows", rows_kernel_build(a), dim3(unsigned((rows + per_block - 1) / per_block)),
+               dim3(32 * kMatvecWarps), 0, s, a, xq);
+    } else if (block_kernel_for(a)) {
         const int per_block = a.swiglu ? kBlockRows / 2 : kBlockRows;
         size_t smem = 0;
         bool forced = false;

@@ -243,6 +243,75 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, U == 2 ? 4 : 6) matvec_q8_b
     store_block_rows<SPREAD>(a, sums);
 }
 
+// Several activation rows (2..NR: a batch step's few tokens) in the block kernel's layout -- 8 weight rows a
+// block, four lanes a row in each warp, chunks dealt round-robin, x read through L1 -- with each chunk loaded
+// once and dotted with every activation row, the next chunk in flight while a lane computes: the weights are
+// streamed once for all the rows, as the one-row kernels stream them for one.  Each row's sum takes the block
+// kernel's chunks, lanes and warps in its order: row r's bits are those of a one-row launch on x row r.
+// T: Q4_K or Q6_K rows (kAnyType: a launch whose parts differ, switched per lane).
+template <int T, int NR>
+__device__ __forceinline__ void rows_lane_chunks(const uint8_t* __restrict__ row, const XQ& x, int n_rows, int c0,
+                                                 float (&acc)[NR]) {
+    using S = Stream<T>;
+    constexpr int step = kLanesPerRow * kMatvecWarps;
+    static_assert(step % 32 == 0, "a lane's chunks must keep their place in the super-block (Stream)");
+    const int chunks = int(x.K / 64);
+    const typename S::Lane L = S::lane(c0);
+    const uint8_t* b = row + int64_t(c0 / 4) * S::kBytes;
+    typename S::Chunk cur{};
+    if (c0 < chunks) cur = S::load(b, L);
+    for (int c = c0; c < chunks; c += step) {
+        b += (step / 4) * S::kBytes;
+        typename S::Chunk nxt{};
+        if (c + step < chunks) nxt = S::load(b, L);
+#pragma unroll
+        for (int i = 0; i < NR; i++)
+            if (i < n_rows) acc[i] += S::dot(cur, c, L, XQ{x.q + i * x.K, x.ds + i * (x.K / 32), x.K});
+        cur = nxt;
+    }
+}
+
+template <int T, int NR>
+__global__ void __launch_bounds__(32 * kMatvecWarps, 4) matvec_q8_rows_kernel(MatvecArgs a, XQ x) {
+    __shared__ float sums[NR][kMatvecWarps][kBlockRows];
+    pdl_start();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k = lane % kLanesPerRow, r = lane / kLanesPerRow;
+    const WarpRow row = block_row(a, r);
+    float acc[NR];
+#pragma unroll
+    for (int i = 0; i < NR; i++) acc[i] = 0.0f;
+    if (row.live) {
+        const MatvecPart& A = a.part[a.swiglu ? r / (kBlockRows / 2) : row.p];
+        const uint8_t* w = A.W + row.o * A.rb;
+        const int c0 = k + kLanesPerRow * warp;
+        const bool q4k = T == kAnyType ? A.type == GGML_TYPE_Q4_K : T == GGML_TYPE_Q4_K;
+        if (q4k) rows_lane_chunks<GGML_TYPE_Q4_K, NR>(w, x, a.n_rows, c0, acc);
+        else rows_lane_chunks<GGML_TYPE_Q6_K, NR>(w, x, a.n_rows, c0, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+#pragma unroll
+        for (int o = kLanesPerRow / 2; o > 0; o >>= 1) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+        if (k == 0) sums[i][warp][r] = acc[i];
+    }
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t >= (a.swiglu ? kBlockRows / 2 : kBlockRows)) return;
+    const WarpRow out = block_row(a, t);
+    if (!out.live) return;
+    float s[NR], s2[NR];  // the row's sums over the warps in warp order (with swiglu s2: its up row's)
+#pragma unroll
+    for (int i = 0; i < NR; i++) {
+        s[i] = s2[i] = 0.0f;
+#pragma unroll
+        for (int v = 0; v < kMatvecWarps; v++) {
+            s[i] += sums[i][v][t];
+            if (a.swiglu) s2[i] += sums[i][v][t + kBlockRows / 2];
+        }
+    }
+    store_warp_row(a, out, s, s2);
+}
+
 // FusedQkvRope's launch (parts q, k, v): a block's 8 rows are 4 rotation pairs, so that its end can rotate them.
 // NeoX pairs dims j and j + head_dim / 2 of a head: the block takes rows j..j+3 and j+hd/2..j+hd/2+3 (row i's
 // partner is i ^ 4); the original layout pairs dims 2j and 2j + 1: 8 consecutive rows (partner i ^ 1).
