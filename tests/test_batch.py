@@ -385,6 +385,21 @@ def test_a_thousand_random_requests(tiny_path, rng):
         assert eng.pool.n_free == eng.pool.n_blocks and all(c == 0 for c in eng.pool.refs)
 
 
+def test_engine_placement(tiny_path):
+    """Engine.placement() names the backend of each op of a step; on the CPU every op is there and nothing warns
+    (on Metal the paged KV ops are on the CPU and the engine warns: test_metal_mock's batch test)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        eng = Engine(tiny_path, n_ctx=64, threads=2, max_sequences=2)
+    try:
+        place = eng.placement()
+        assert {"MatMul", "KvStore", "Attn"} <= set(place) and all(v == ["cpu"] for v in place.values()), place
+    finally:
+        eng.close()
+
+
 def test_engine_errors_are_clear(tiny_path):
     with Engine(tiny_path, n_ctx=128, threads=2, max_sequences=2, kv_tokens=64, block_size=16) as eng:
         with pytest.raises(minfer.ContextLengthError, match="context of 128"):

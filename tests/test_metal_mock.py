@@ -259,6 +259,26 @@ def test_qwen3_norm_fusion_on_the_mock_device(setup, tmp_path):
     assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), np.abs(a - b).max()
 
 
+def test_batch_steps_on_the_mock_device(setup, tmp_path):
+    """A Metal BatchRunner: the step's projections, norms and RoPE on Metal, the paged KV pool with its store and
+    attention on the CPU (Metal has no paged kernels yet; the placement says so), two sequences of a ragged
+    prompt step then a decode step each against the float64 model of each sequence alone."""
+    exe, model = setup
+    e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_GPU_TIMEOUT_S="600",
+             METAL_FORWARD_BATCH=str(tmp_path / "batch.f32"))
+    r = subprocess.run([str(exe), str(model)], capture_output=True, text=True, env=e, timeout=900)
+    lines = r.stdout.strip().splitlines()
+    assert r.returncode == 0 and lines and lines[-1] == "batch ok", (r.stdout[-2000:], r.stderr[-3000:])
+    place = dict(item.split("=") for item in lines[-2].split()[1:])
+    assert place["KvStore"] == "cpu" and place["Attn"] == "cpu", place
+    assert place["FusedQKV"] == "metal" and place["FusedFFN"] == "metal" and place["MatMul"] == "metal", place
+    got = np.fromfile(tmp_path / "batch.f32", np.float32).reshape(4, -1)
+    a, b = TOKENS[:8], [9, 10, 11, 12, 13]
+    for row, toks in zip(got, (a, b, a + [3], b + [200])):
+        ref = forward64(str(model), toks)[-1]
+        assert np.abs(row - ref).max() <= 1e-3 * np.abs(ref).max(), (toks, np.abs(row - ref).max())
+
+
 def test_mixed_metal_cpu_splits(setup, tmp_path):
     exe, model = setup
     run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "metal.f32"))

@@ -19,8 +19,6 @@ BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, in
     if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)))
         throw MinferError(strfmt("block_size must be a power of two in [1, 1024], got %d", block_size));
     if (kv_tokens < 1) throw MinferError(strfmt("kv_tokens must be >= 1, got %d", kv_tokens));
-    if (sched_.device() == "metal")
-        throw MinferError("batched steps have no Metal attention over a paged KV pool yet: use device='cpu'");
     n_blocks_ = (kv_tokens + block_size - 1) / block_size;
     max_blocks_ = (sched_.n_ctx() + block_size - 1) / block_size;
     const ModelConfig& c = sched_.model().config();
@@ -132,6 +130,14 @@ void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, c
                               const int32_t* tables, int32_t* out) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
     pl.argmax_rows(pl.graph().output, out);
+}
+
+std::map<std::string, std::set<std::string>> BatchRunner::placement() {
+    Plan& pl = plan(1, 1);  // a decode step's plan: the same ops on the same backends as any other
+    std::map<std::string, std::set<std::string>> out;
+    for (const Node& n : pl.graph().nodes)
+        if (n.op != Op::Input && n.backend >= 0) out[op_name(n.op)].insert(sched_.backends()[size_t(n.backend)]->name());
+    return out;
 }
 
 void BatchRunner::copy_block(int src, int dst) {

@@ -8,7 +8,10 @@
 // so a stream of steps of changing shapes reuses a handful of plans.  Reference: tests/test_batch.py.
 #pragma once
 #include <list>
+#include <map>
 #include <memory>
+#include <set>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,6 +33,9 @@ class BatchRunner {
     // The same step; out[s] is the argmax of sequence s's logits, found where they were computed.
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                      const int32_t* tables, int32_t* out);
+    // Which backends run each op of the step's graph (op name -> backend names): on Metal, the paged KV pool and
+    // its attention are on the CPU.
+    std::map<std::string, std::set<std::string>> placement();
     // Copies block src's KV rows to block dst in every layer (copy-on-write of a shared block).
     void copy_block(int src, int dst);
 

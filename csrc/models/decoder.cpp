@@ -124,10 +124,10 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         ma.kv_type = params.kv_type;
         ma.n_ctx = params.n_ctx;
         ma.attn_scale = float(1.0 / std::sqrt(double(c.head_dim)));
+        if (batch) ma.block_size = params.block_size;  // KvStore and Attn over the paged pool
         int st = b.node(Op::KvStore, {full(k), full(v), full(slots)}, n, 1, ma, L + "kv_store");
         std::vector<NodeInput> attn_in = {full(q), full(pos), full(st)};
         if (batch) {
-            ma.block_size = params.block_size;
             attn_in.push_back(full(seq));
             attn_in.push_back(full(tables));
         }

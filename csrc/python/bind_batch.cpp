@@ -78,6 +78,12 @@ void bind_batch(py::module_& m) {
         .def_property_readonly("n_vocab", [](BatchRunner& b) { return b.scheduler().model().config().n_vocab; })
         .def_property_readonly("device", [](BatchRunner& b) { return b.scheduler().device(); })
         .def_property_readonly("graph_builds", &BatchRunner::graph_builds)
+        .def("placement", [](BatchRunner& b) {
+            py::dict d;  // op -> sorted backend names
+            for (const auto& [op, names] : b.placement()) d[py::str(op)] = std::vector<std::string>(names.begin(), names.end());
+            return d;
+        }, "which backends run each op of a step: {op: [backend, ...]} (on Metal the paged KV pool and its "
+           "attention run on the CPU)")
         .def("op_profile", [](BatchRunner& b) {
             py::dict d;  // with MINFER_OP_PROFILE=1: seconds and calls per op so far
             const OpProfile& p = b.scheduler().op_profile();

@@ -26,6 +26,7 @@ import collections
 import queue
 import threading
 import time
+import warnings
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -62,6 +63,7 @@ class Request:
         self.t_first: float | None = None
         # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
         self.blocks: SeqBlocks | None = None
+        self.slot = -1  # its row of the engine's block tables while it has blocks
         self.n_kv = 0
         self.admitted = False
 
@@ -168,8 +170,16 @@ class Engine:
                                            device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
                                            block_size=block_size)
         self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
+        if self._runner.device == "metal":  # visibly, not silently: which ops of a step leave the GPU
+            on_cpu = sorted(op for op, where in self.placement().items() if "cpu" in where)
+            warnings.warn(f"Metal batching: {', '.join(on_cpu)} run on the CPU (the KV pool is in host memory; "
+                          "Metal has no paged-KV kernels yet)", RuntimeWarning, stacklevel=2)
         self.max_sequences, self.step_tokens = max_sequences, step_tokens
         self.pool = BlockPool(self._runner.n_blocks, self._runner.block_size)
+        # each running sequence's block table in a row of its own (Request.slot), kept as its blocks change, so a
+        # step gathers its tables in one indexing instead of a conversion a sequence
+        self._tables = np.zeros((max_sequences, self._runner.max_blocks), np.int32)
+        self._slots = list(range(max_sequences - 1, -1, -1))
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []   # admission order: the last is the newest (preempted first)
         self._cv = threading.Condition()
@@ -183,6 +193,10 @@ class Engine:
         self._thread.start()
 
     # -- the API ------------------------------------------------------------------------------------------
+    def placement(self) -> dict[str, list[str]]:
+        """Which backends run each op of a step: {op: [backend, ...]}."""
+        return self._runner.placement()
+
     def submit(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
                parse_special: bool = False, logprobs: int | None = None, **sampling) -> Request:
         """Queues a request; returns its handle at once.  Bad parameters and prompts that can never fit are
@@ -277,6 +291,7 @@ class Engine:
         if r.blocks is not None:
             self.pool.free(r.blocks)
             r.blocks = None
+            self._slots.append(r.slot)
         r.n_kv = 0
 
     def _drop_cancelled(self) -> None:
@@ -304,6 +319,8 @@ class Engine:
                     continue
                 self._waiting.popleft()
             r.blocks, r.n_kv = self.pool.allocate(r.all_tokens)
+            r.slot = self._slots.pop()
+            self._tables[r.slot, :len(r.blocks.table)] = r.blocks.table
             if not r.admitted:
                 r.metrics.cached_tokens = r.n_kv
                 r.admitted = True
@@ -329,9 +346,13 @@ class Engine:
                 if self._preempt() is r:
                     break
             if r.blocks is not None and r.blocks.n_tokens < len(toks):
+                table = r.blocks.table
+                n_table = len(table)
                 copy = self.pool.append(r.blocks, toks)
                 if copy is not None:
                     self._runner.copy_block(*copy)
+                if copy is not None or len(table) != n_table:  # a new last block
+                    self._tables[r.slot, len(table) - 1] = table[-1]
         decode_ids = {id(r) for r in decoding}
         batch = [(r, 1) for r in self._running if id(r) in decode_ids]
         budget = self.step_tokens - len(batch)
@@ -349,13 +370,12 @@ class Engine:
     def _run_step(self, batch: list[tuple[Request, int]]) -> None:
         runner = self._runner
         tokens, positions, lens = [], [], []
-        tables = np.zeros((len(batch), runner.max_blocks), np.int32)
-        for i, (r, n) in enumerate(batch):
+        for r, n in batch:
             toks = r.all_tokens
             tokens.extend(toks[r.n_kv:r.n_kv + n])
             positions.extend(range(r.n_kv, r.n_kv + n))
             lens.append(n)
-            tables[i, :len(r.blocks.table)] = r.blocks.table
+        tables = self._tables[[r.slot for r, _ in batch]]  # entries past a sequence's last block are ignored
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
         rows = [i for i, (r, n) in enumerate(batch) if r.n_kv + n == len(r.all_tokens)]  # those that sample
         greedy = all(batch[i][0].sampler.greedy and batch[i][0].logprobs is None for i in rows)

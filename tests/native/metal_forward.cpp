@@ -9,6 +9,8 @@
 // count.  CHOICE=VALUE forces a kernel choice (force_kernel, e.g. metal.attention=flash);
 // MINFER_CPU_OPS (set by the test) moves ops to the CPU;
 // METAL_FORWARD_DUMP / METAL_FORWARD_CPU_DUMP=path write each session's logits there.
+//
+// METAL_FORWARD_BATCH=path instead runs a Metal BatchRunner (batch_steps below) and writes its logits there.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -18,9 +20,45 @@
 #include <string>
 
 #include "backends/kernel_choice.h"
+#include "engine/batch.h"
 #include "engine/session.h"
 
 using namespace minfer;
+
+// Two sequences through a Metal BatchRunner: a ragged prompt step (8 and 5 tokens, blocks of 16: the first
+// sequence in blocks 3 and 0, the second in block 1), then one decode token each.  Writes the four last-row
+// logits rows (prompt A, prompt B, decode A, decode B) to `path`; prints the placement ("placement OP=BACKENDS
+// ...") and "batch ok".
+int batch_steps(std::shared_ptr<Model> model, const char* path) {
+    SchedulerOptions o;
+    o.device = "metal";
+    o.n_ctx = 64;
+    o.n_threads = 1;
+    BatchRunner runner(model, o, 256, 16);
+    const int V = model->config().n_vocab, mb = runner.max_blocks();
+    std::vector<int32_t> tables(size_t(2) * mb, 0);
+    tables[0] = 3;
+    tables[size_t(mb)] = 1;
+    const std::vector<int32_t> prompt = {1, 17, 42, 5, 99, 23, 7, 8, /* B: */ 9, 10, 11, 12, 13};
+    const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4};
+    const int32_t lens[2] = {8, 5};
+    std::vector<float> out(size_t(4) * V);
+    runner.step(prompt.data(), pos.data(), lens, 2, tables.data(), out.data());
+    const int32_t dec[2] = {3, 200}, dpos[2] = {8, 5}, ones[2] = {1, 1};
+    runner.step(dec, dpos, ones, 2, tables.data(), out.data() + size_t(2) * V);
+    if (FILE* f = std::fopen(path, "wb")) {
+        std::fwrite(out.data(), 4, out.size(), f);
+        std::fclose(f);
+    }
+    std::printf("placement");
+    for (const auto& [op, names] : runner.placement()) {
+        std::printf(" %s=", op.c_str());
+        const char* sep = "";
+        for (const std::string& n : names) std::printf("%s%s", sep, n.c_str()), sep = ",";
+    }
+    std::printf("\nbatch ok\n");
+    return 0;
+}
 
 int main(int argc, char** argv) {
     if (argc < 2) return 2;
@@ -31,6 +69,7 @@ int main(int argc, char** argv) {
             force_kernel(arg.substr(0, eq), eq == std::string::npos ? "" : arg.substr(eq + 1));
         }
         auto model = Model::load(argv[1]);
+        if (const char* path = std::getenv("METAL_FORWARD_BATCH")) return batch_steps(model, path);
         const int V = model->config().n_vocab;
         SessionOptions mo, co;
         mo.device = "metal";

@@ -313,7 +313,8 @@ bool MetalBackend::supports_op(const Node& node) const {
             return node.op != Op::FusedQkvNorm || (has(m.q_norm, true) && has(m.k_norm, true));
         }
         case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
-            if (node.op == Op::Attn && node.meta.block_size > 0) return false;  // not over a batch's paged pool yet
+            // a batch step's paged pool: no Metal kernels yet, so the pool and its ops live on the CPU
+            if (node.meta.block_size > 0) return false;
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;
