@@ -400,6 +400,24 @@ def test_engine_placement(tiny_path):
         eng.close()
 
 
+def test_engine_plans_every_step_shape_at_start(tiny_path):
+    """The engine builds its plans when it starts (a decode and a mixed plan per power of two of sequences), so a
+    long run of varied steps -- prompts of 1-100 tokens, 1-9 sequences at once -- builds none later: a server's
+    memory does not creep up as rarer shapes come."""
+    import random
+
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=8) as eng:
+        built = eng._runner.graph_builds
+        assert built == 8  # sequence counts 1, 2, 4, 8
+        rnd = random.Random(3)
+        for wave in range(4):
+            hs = [eng.submit(list(range(5, 5 + rnd.randint(1, 100))), max_tokens=rnd.randint(1, 12))
+                  for _ in range(rnd.randint(1, 9))]
+            for h in hs:
+                h.result()
+        assert eng._runner.graph_builds == built
+
+
 def test_engine_errors_are_clear(tiny_path):
     with Engine(tiny_path, n_ctx=128, threads=2, max_sequences=2, kv_tokens=64, block_size=16) as eng:
         with pytest.raises(minfer.ContextLengthError, match="context of 128"):

@@ -73,6 +73,22 @@ def test_copy_on_write_of_a_shared_partial_block():
     assert all(r == 0 for r in pool.refs) and pool.n_free == 8
 
 
+def test_extend_in_place_is_appends_usual_case():
+    """extend_in_place counts a token into the sequence's own last block and refuses (changing nothing) where
+    append would open a block or copy a shared one."""
+    pool = BlockPool(8, 4)
+    a, _ = pool.allocate(list(range(6)))
+    assert pool.extend_in_place(a) and a.n_tokens == 7 and len(a.table) == 2
+    assert pool.extend_in_place(a) and a.n_tokens == 8
+    assert not pool.extend_in_place(a) and a.n_tokens == 8  # the block is full: a new one is append's
+    assert pool.append(a, list(range(9))) is None and len(a.table) == 3
+    b = pool.fork(a)
+    assert not pool.extend_in_place(b) and b.n_tokens == 9 and b.table == a.table  # shared: append copies
+    pool.free(a)
+    pool.free(b)
+    assert all(r == 0 for r in pool.refs)
+
+
 def test_out_of_blocks_is_said_before_it_happens():
     pool = BlockPool(3, 4)
     a, _ = pool.allocate(list(range(8)))

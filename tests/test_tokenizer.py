@@ -82,3 +82,16 @@ def test_streaming_never_splits_a_character():
     # a byte-level token that is half of a character yields nothing until the rest arrives
     llama = [i for i in ids if tok.token_bytes(i) and not tok.token_bytes(i).decode("utf-8", "ignore")]
     assert llama, "the emoji is split over byte tokens in this vocabulary"
+
+
+@pytest.mark.parametrize("vocab", ["ggml-vocab-qwen2.gguf", "ggml-vocab-gpt-2.gguf"])
+def test_byte_level_token_bytes(vocab):
+    """Every normal token's bytes (read from the table made at load) are its characters mapped through the
+    byte-level alphabet one by one, a character outside it as "?"; reading them grows nothing."""
+    tok = T.from_gguf(shared_path("fixtures", "vocab", vocab))
+    _, char_to_byte = T.byte_map()
+    before = {k: len(v) for k, v in vars(tok).items() if hasattr(v, "__len__")}
+    for i, t in enumerate(tok.tokens):
+        if tok.types[i] == T.NORMAL:
+            assert tok.token_bytes(i) == bytes(char_to_byte.get(c, ord("?")) for c in t), i
+    assert {k: len(v) for k, v in vars(tok).items() if hasattr(v, "__len__")} == before

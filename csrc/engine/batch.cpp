@@ -11,7 +11,11 @@
 namespace minfer {
 
 namespace {
-constexpr size_t kMaxPlans = 16;  // power-of-two shapes: a few decode and mixed-step plans
+constexpr size_t kMaxPlans = 24;  // power-of-two shapes: a decode and a mixed-step plan per sequence count
+// Steps with prompt rows are planned for at least this many tokens (the engine's default step budget), so that
+// all of them up to it share one plan per sequence count: a plan per power of two of their tokens too gave a
+// long-running server new plans (and their memory) for hours, as rarer shapes came.
+constexpr int kMixedTokens = 512;
 }  // namespace
 
 BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size)
@@ -42,7 +46,8 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
     };
     // A decode step (one row per sequence) has no PickRows: its plan runs decode steps only.
     const bool decode = n_tokens == n_seqs;
-    const int cap_seqs = pow2(n_seqs), cap_tokens = decode ? cap_seqs : std::max(pow2(n_tokens), cap_seqs + 1);
+    const int cap_seqs = pow2(n_seqs),
+              cap_tokens = decode ? cap_seqs : std::max({pow2(n_tokens), cap_seqs + 1, kMixedTokens});
     GraphParams p = sched_.step_params(cap_tokens, false);
     p.n_seqs = cap_seqs;
     p.block_size = block_size_;
@@ -130,6 +135,13 @@ void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, c
                               const int32_t* tables, int32_t* out) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
     pl.argmax_rows(pl.graph().output, out);
+}
+
+void BatchRunner::prepare(int max_seqs) {
+    for (int s = 1; s < 2 * max_seqs; s *= 2) {
+        plan(s, s);      // decode steps of up to s sequences
+        plan(s + 1, s);  // steps with prompt rows (kMixedTokens or more)
+    }
 }
 
 std::map<std::string, std::set<std::string>> BatchRunner::placement() {

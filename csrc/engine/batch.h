@@ -33,6 +33,9 @@ class BatchRunner {
     // The same step; out[s] is the argmax of sequence s's logits, found where they were computed.
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                      const int32_t* tables, int32_t* out);
+    // Builds now the plans that steps of up to max_seqs sequences take (a decode plan and a mixed one per power of
+    // two), so that a server's memory is all taken at start rather than as rarer step shapes first come.
+    void prepare(int max_seqs);
     // Which backends run each op of the step's graph (op name -> backend names): on Metal, the paged KV pool and
     // its attention are on the CPU.
     std::map<std::string, std::set<std::string>> placement();

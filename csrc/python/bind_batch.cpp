@@ -78,6 +78,10 @@ void bind_batch(py::module_& m) {
         .def_property_readonly("n_vocab", [](BatchRunner& b) { return b.scheduler().model().config().n_vocab; })
         .def_property_readonly("device", [](BatchRunner& b) { return b.scheduler().device(); })
         .def_property_readonly("graph_builds", &BatchRunner::graph_builds)
+        .def("prepare", [](BatchRunner& b, int max_seqs) {
+            py::gil_scoped_release nogil;
+            b.prepare(max_seqs);
+        }, py::arg("max_seqs"), "builds the plans of steps of up to max_seqs sequences now")
         .def("placement", [](BatchRunner& b) {
             py::dict d;  // op -> sorted backend names
             for (const auto& [op, names] : b.placement()) d[py::str(op)] = std::vector<std::string>(names.begin(), names.end());

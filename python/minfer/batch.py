@@ -51,6 +51,7 @@ class Request:
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
         self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
+        self.greedy = sampler.greedy  # argmax, no penalty history to keep (asked once, not every step)
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
         self.error: BaseException | None = None
@@ -64,6 +65,7 @@ class Request:
         # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
         self.blocks: SeqBlocks | None = None
         self.slot = -1  # its row of the engine's block tables while it has blocks
+        self.decoding = False  # this step feeds it its last token
         self.n_kv = 0
         self.admitted = False
 
@@ -170,6 +172,7 @@ class Engine:
                                            device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
                                            block_size=block_size)
         self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
+        self._runner.prepare(max_sequences)  # every step shape's plan (and its memory) now, not over hours
         if self._runner.device == "metal":  # visibly, not silently: which ops of a step leave the GPU
             on_cpu = sorted(op for op, where in self.placement().items() if "cpu" in where)
             warnings.warn(f"Metal batching: {', '.join(on_cpu)} run on the CPU (the KV pool is in host memory; "
@@ -337,11 +340,18 @@ class Engine:
 
     def _plan_step(self) -> list[tuple[Request, int]]:
         """(request, tokens it feeds) for this step: one per decoding sequence, then prompt chunks."""
-        decoding = [r for r in self._running if r.n_kv == len(r.all_tokens) - 1 and r.tokens]
+        decoding = []
+        for r in self._running:
+            r.decoding = r.n_kv == len(r.all_tokens) - 1 and bool(r.tokens)
+            if r.decoding:
+                decoding.append(r)
+        pool = self.pool
         for r in decoding:  # room for the token each will write: preempt the newest when out of blocks
             if r.blocks is None:  # preempted by an earlier one of these
                 continue
             toks = r.all_tokens
+            if r.blocks.n_tokens >= len(toks) or pool.extend_in_place(r.blocks):  # the usual case: room in its block
+                continue
             while r.blocks.n_tokens < len(toks) and not self.pool.can_append(r.blocks):
                 if self._preempt() is r:
                     break
@@ -353,14 +363,13 @@ class Engine:
                     self._runner.copy_block(*copy)
                 if copy is not None or len(table) != n_table:  # a new last block
                     self._tables[r.slot, len(table) - 1] = table[-1]
-        decode_ids = {id(r) for r in decoding}
-        batch = [(r, 1) for r in self._running if id(r) in decode_ids]
+        batch = [(r, 1) for r in self._running if r.decoding]
         budget = self.step_tokens - len(batch)
         for r in self._running:
             if budget <= 0:
                 break
             left = len(r.all_tokens) - r.n_kv
-            if id(r) in decode_ids or left <= 0:
+            if r.decoding or left <= 0:
                 continue
             n = min(left, budget)
             batch.append((r, n))
@@ -371,14 +380,17 @@ class Engine:
         runner = self._runner
         tokens, positions, lens = [], [], []
         for r, n in batch:
-            toks = r.all_tokens
-            tokens.extend(toks[r.n_kv:r.n_kv + n])
-            positions.extend(range(r.n_kv, r.n_kv + n))
+            if n == 1:  # a decode row (most rows of most steps)
+                tokens.append(r.all_tokens[r.n_kv])
+                positions.append(r.n_kv)
+            else:
+                tokens.extend(r.all_tokens[r.n_kv:r.n_kv + n])
+                positions.extend(range(r.n_kv, r.n_kv + n))
             lens.append(n)
         tables = self._tables[[r.slot for r, _ in batch]]  # entries past a sequence's last block are ignored
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
         rows = [i for i, (r, n) in enumerate(batch) if r.n_kv + n == len(r.all_tokens)]  # those that sample
-        greedy = all(batch[i][0].sampler.greedy and batch[i][0].logprobs is None for i in rows)
+        greedy = all(batch[i][0].greedy and batch[i][0].logprobs is None for i in rows)
         lps: dict[int, tuple] = {}
         if greedy:
             picked = runner.step_greedy(*args)
@@ -390,13 +402,16 @@ class Engine:
                 if batch[i][0].logprobs is not None:
                     lps[i] = _logprobs(logits[i], int(picked[i]), batch[i][0].logprobs)
         self.steps += 1
+        bs = self.pool.block_size
+        picked = picked.tolist()
         for i, (r, n) in enumerate(batch):
             r.n_kv += n
-            self.pool.written(r.blocks, r.all_tokens, r.n_kv)
+            if r.n_kv >= (len(r.blocks.hashes) + 1) * bs:  # a block's rows are all written: findable now
+                self.pool.written(r.blocks, r.all_tokens, r.n_kv)
             if r.n_kv == len(r.all_tokens):
-                if i in lps and int(picked[i]) not in r.eog:  # an end-of-generation token is no output token
+                if lps and i in lps and picked[i] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[i])
-                self._take(r, int(picked[i]))
+                self._take(r, picked[i])
 
     def _take(self, r: Request, tok: int) -> None:
         """A sequence's next token: streamed, or the end of it."""
@@ -409,7 +424,8 @@ class Engine:
         if tok in r.eog:
             reason = "stop"
         else:
-            r.sampler.accept(tok)
+            if not r.greedy:
+                r.sampler.accept(tok)
             r.tokens.append(tok)
             r.all_tokens.append(tok)
             m.generated_tokens += 1

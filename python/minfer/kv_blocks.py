@@ -122,6 +122,14 @@ class BlockPool:
         seq.n_tokens += 1
         return copy
 
+    def extend_in_place(self, seq: SeqBlocks) -> bool:
+        """append's usual case in one call: the next token fits the sequence's own unshared last block, and is
+        counted in; False (nothing changed) where it needs a new block or a copy (then ask can_append/append)."""
+        if seq.n_tokens % self.block_size == 0 or self.refs[seq.table[-1]] > 1:
+            return False
+        seq.n_tokens += 1
+        return True
+
     def written(self, seq: SeqBlocks, tokens: list[int], n: int) -> None:
         """The KV rows of the sequence's first n tokens are computed: its full blocks among them become
         findable by their content (prefix caching)."""

@@ -20,7 +20,9 @@ never emits half of a UTF-8 character.
 """
 from __future__ import annotations
 
+import array
 import functools
+import itertools
 from dataclasses import dataclass
 
 import regex
@@ -91,7 +93,6 @@ class _Vocabulary:
             if t in EOG_TEXTS and self.types[i] == NORMAL:
                 self.types[i] = CONTROL
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
-        self._bytes: dict[int, bytes] = {}  # token_bytes of tokens decoded so far
 
         def pick(key):
             v = meta.get(key)
@@ -138,6 +139,7 @@ class BPETokenizer(_Vocabulary):
         self.ignore_merges = self.pre in ("llama-bpe", "llama3")  # whole words in the vocab win
         self.regexes = [regex.compile(r) for r in PRE_TOKENIZERS[self.pre]]
         self.byte_to_char, self.char_to_byte = byte_map()
+        self._byte_table()
 
     # -- encoding ---------------------------------------------------------------
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
@@ -213,10 +215,16 @@ class BPETokenizer(_Vocabulary):
             return t.encode() if special else b""
         if ty == USER_DEFINED:
             return t.encode()
-        b = self._bytes.get(tok)
-        if b is None:  # streaming asks for the same tokens over and over: each one's bytes are made once
-            b = self._bytes[tok] = bytes(self.char_to_byte.get(c, ord("?")) for c in t)
-        return b
+        return self._blob[self._ends[tok - 1] if tok else 0:self._ends[tok]]
+
+    def _byte_table(self) -> None:
+        """Every token's bytes in one blob, token i at _blob[_ends[i - 1]:_ends[i]] (characters the byte-level
+        alphabet lacks as "?"): made at load in a few ms and fixed from then on, where a cache filled as tokens
+        were first decoded grew a long-running server's memory with every new token it sampled."""
+        table = {c: "?" for c in range(256)}
+        table.update({ord(c): chr(b) for c, b in self.char_to_byte.items()})
+        self._blob = "".join(self.tokens).translate(table).encode("latin-1", errors="replace")
+        self._ends = array.array("q", itertools.accumulate(len(t) for t in self.tokens))
 
 
 class Detokenizer:
