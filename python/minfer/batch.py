@@ -59,6 +59,7 @@ class Request:
         self._pieces: queue.SimpleQueue = queue.SimpleQueue()  # text pieces, or token ids, then _DONE
         self._done = threading.Event()
         self._cancel = threading.Event()
+        self._engine: Engine | None = None  # told of a cancel, so that its turns need not ask every request
         self._parts: list[str] = []
         self.t_submit = self.t_admit = time.perf_counter()
         self.t_first: float | None = None
@@ -109,6 +110,8 @@ class Request:
 
     def cancel(self) -> None:
         self._cancel.set()
+        if self._engine is not None:
+            self._engine._cancelled = True  # after the event: the engine's next turn looks
 
     @property
     def done(self) -> bool:
@@ -187,6 +190,7 @@ class Engine:
         self._running: list[Request] = []   # admission order: the last is the newest (preempted first)
         self._cv = threading.Condition()
         self._closing = False
+        self._cancelled = False  # some request was cancelled since the last turn looked
         self.steps = 0
         self.preemptions = 0
         # called on the engine's thread after each turn of its loop (a step, or requests finished without one):
@@ -222,6 +226,7 @@ class Engine:
                                      f"{self.pool.n_blocks * self.pool.block_size}")
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
                       self.tokenizer.special.eog, logprobs)
+        req._engine = self
         if max_tokens == 0:
             req._finish("length")
             return req
@@ -298,6 +303,9 @@ class Engine:
         r.n_kv = 0
 
     def _drop_cancelled(self) -> None:
+        if not self._cancelled:
+            return
+        self._cancelled = False  # before the scan: a cancel during it is seen now or on the next turn
         with self._cv:
             for r in [r for r in self._waiting if r._cancel.is_set()]:
                 self._waiting.remove(r)
