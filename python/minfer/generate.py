@@ -50,6 +50,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat-penalty", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--lookup", action="store_true",
+                    help="greedy speculative decoding with drafts from the prompt and text so far (same tokens)")
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],
                     help="auto: Metal or CUDA when present (or $MINFER_DEVICE), else the CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     if a.verbose:
         logging.basicConfig(level=logging.DEBUG, format="[%(name)s] %(message)s")
     sampling = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
-                    repeat_penalty=a.repeat_penalty, seed=a.seed)
+                    repeat_penalty=a.repeat_penalty, seed=a.seed, lookup=a.lookup)
     try:
         if a.model in hub.MODELS and not os.path.exists(a.model):
             hub.fetch(a.model, quiet=a.json)  # a progress bar while it downloads
@@ -115,6 +117,9 @@ def report(llm) -> None:
     print(f"[minfer] {llm.path}: prompt {m.prompt_tokens} tokens, generated {m.generated_tokens} "
           f"({m.stop_reason}); time to first token {m.ttft_s * 1e3:.0f} ms ({m.prefill_tps:.1f} tok/s prefill); "
           f"decode {m.decode_tps:.1f} tok/s; {llm._live().threads} threads", file=sys.stderr)
+    if m.drafted_tokens:
+        print(f"[minfer] lookup: {m.accepted_tokens} of {m.drafted_tokens} drafted tokens accepted "
+              f"({m.acceptance:.0%})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,12 @@ class Metrics:
     decode_tps: float = 0.0         # generated tokens after the first / their time
     stop_reason: str = ""           # "stop" (end-of-generation token or stop string), "length", "cancelled", "context"
     decode_overhead: float = 0.0    # share of the decode time spent outside the engine (sampling, detokenizing, Python)
+    drafted_tokens: int = 0         # speculative decoding (lookup=True): tokens proposed ...
+    accepted_tokens: int = 0        # ... and the model confirmed
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_tokens / self.drafted_tokens if self.drafted_tokens else 0.0
 
 
 @dataclass

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .lookup import PromptLookup
 from .stops import StopText
 
 log = logging.getLogger("minfer")
@@ -128,25 +129,28 @@ class LLM:
 
     # -- generation --------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-                 **sampling) -> Completion:
+                 lookup: bool = False, **sampling) -> Completion:
+        """lookup=True: greedy speculative decoding with drafts from the text itself (minfer.lookup): the same
+        tokens, fewer model steps where the output repeats the prompt."""
         pieces, tokens = [], []
-        it = self._generate(prompt, max_tokens, stop, sampling, tokens, parse_special=False)
+        it = self._generate(prompt, max_tokens, stop, sampling, tokens, parse_special=False, lookup=lookup)
         for piece in it:
             pieces.append(piece)
         return Completion("".join(pieces), tokens, it.metrics)
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-               **sampling) -> Iterator[str]:
+               lookup: bool = False, **sampling) -> Iterator[str]:
         """Yields text pieces as they are generated; `self.last_metrics` holds the metrics after."""
-        it = self._generate(prompt, max_tokens, stop, sampling, [], parse_special=False)
+        it = self._generate(prompt, max_tokens, stop, sampling, [], parse_special=False, lookup=lookup)
         yield from it
 
-    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), **sampling) -> Completion:
-        return self.generate(self._render(messages), max_tokens, stop, _parse_special=True, **sampling)
+    def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), lookup: bool = False,
+             **sampling) -> Completion:
+        return self.generate(self._render(messages), max_tokens, stop, lookup, _parse_special=True, **sampling)
 
     def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (),
-                    **sampling) -> Iterator[str]:
-        it = self._generate(self._render(messages), max_tokens, stop, sampling, [], parse_special=True)
+                    lookup: bool = False, **sampling) -> Iterator[str]:
+        it = self._generate(self._render(messages), max_tokens, stop, sampling, [], parse_special=True, lookup=lookup)
         yield from it
 
     # -- internals ---------------------------------------------------------------
@@ -171,7 +175,7 @@ class LLM:
                                      f"than the context of {self.n_ctx}")
         return ids.astype(np.int32)
 
-    def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special):
+    def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special, lookup=False):
         parse_special = sampling.pop("_parse_special", parse_special)
         check_request(max_tokens, sampling)
         if isinstance(prompt, str):
@@ -181,10 +185,15 @@ class LLM:
         if self._closed:
             raise _minfer.MinferError("this LLM is closed")
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
+        if lookup and self._engine is not None:
+            raise ValueError("lookup=True runs one sequence at a time: an LLM with max_sequences does not take it")
         if self._engine is not None:
             return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
         sampler = make_sampler(self.n_vocab, sampling, ids)  # ValueError naming a bad parameter, before any work
-        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out)
+        if lookup and not sampler.greedy:
+            raise ValueError("lookup=True is greedy speculative decoding: it takes temperature 0, no penalties or "
+                             "logit bias")
+        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out, lookup)
 
 
 class _Submitted:
@@ -209,8 +218,10 @@ class _Submitted:
 class _Generation:
     """One call's loop, as an iterator of text pieces (holds the LLM's lock while it runs)."""
 
-    def __init__(self, llm: LLM, ids: np.ndarray, max_tokens: int, stop: list, sampler, tokens_out: list):
+    def __init__(self, llm: LLM, ids: np.ndarray, max_tokens: int, stop: list, sampler, tokens_out: list,
+                 lookup: bool = False):
         self.llm, self.ids, self.max_tokens, self.stop, self.sampler = llm, ids, max_tokens, stop, sampler
+        self.lookup = lookup
         self.tokens = tokens_out
         self.metrics = Metrics(prompt_tokens=len(ids))
 
@@ -236,8 +247,9 @@ class _Generation:
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
             text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
-            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains
-            ahead: list[int] = []  # with chain: tokens the device picked, not yet taken
+            drafts = PromptLookup(ids) if self.lookup else None
+            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains and drafts is None
+            ahead: list[int] = []  # with chain: tokens the device picked; with lookup: confirmed drafts; not yet taken
             m.stop_reason = "length"
             while m.generated_tokens < self.max_tokens:
                 if llm._cancel.is_set():
@@ -265,7 +277,18 @@ class _Generation:
                     m.stop_reason = "context"
                     break
                 t_e = time.perf_counter()
-                if not chain:
+                if drafts is not None:
+                    drafts.extend([tok])
+                    if not ahead:  # tok and a draft in one evaluation; the confirmed prefix is taken next
+                        draft = drafts.propose(min(self.max_tokens - m.generated_tokens - 1, sess.n_ctx - pos - 1))
+                        rows = sess.eval(np.array([tok] + draft, np.int32), pos, bool(draft))
+                        k = 0
+                        while k < len(draft) and self.sampler.sample(rows[k]) == draft[k]:
+                            k += 1
+                        if draft:
+                            drafts.verified(len(draft), k)
+                        ahead, logits = draft[:k], rows[k:k + 1]
+                elif not chain:
                     logits = sess.eval(np.array([tok], np.int32), pos)
                 elif not ahead:  # never more steps than tokens still to take or room in the context
                     n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
@@ -276,6 +299,8 @@ class _Generation:
             rest = text.flush()
             if rest:
                 yield rest
+            if drafts is not None:
+                m.drafted_tokens, m.accepted_tokens = drafts.drafted, drafts.accepted
             if t_first is not None and m.generated_tokens > 1:
                 t_decode = max(time.perf_counter() - t_first, 1e-9)
                 m.decode_tps = (m.generated_tokens - 1) / t_decode

@@ -1,0 +1,55 @@
+"""Prompt-lookup speculative decoding (minfer.lookup, LLM(...).generate(lookup=True)): the drafts, and the
+exactness that makes it safe -- greedy output token for token the output without it, on the CPU, whose kernels
+compute each row of a several-token evaluation as they compute a lone one."""
+import pytest
+
+from conftest import real_model, synthetic_model
+from minfer import LLM
+from minfer.lookup import PromptLookup
+
+
+def test_drafts_follow_the_latest_match():
+    p = PromptLookup([5, 6, 7, 8, 9, 5, 6, 7, 1, 2], max_ngram=3, min_ngram=2, max_draft=4)
+    assert p.propose(4) == []  # "1 2" never occurred before
+    p.extend([5, 6, 7])  # now "6 7" ... the 3-gram "5 6 7" last occurred at 5, followed by 1 2 5 6
+    assert p.propose(4) == [1, 2, 5, 6]
+    assert p.propose(2) == [1, 2]
+    p.verified(4, 1)  # a rejection: the next drafts are at most 2 long
+    assert p.propose(4) == [1, 2]
+    p.verified(2, 2)
+    assert p.propose(8) == [1, 2, 5, 6] and (p.drafted, p.accepted) == (6, 3)
+    p.verified(4, 0)  # rejected outright: no draft for one token, then two after another such
+    assert p.propose(8) == [] and p.propose(8) == [1, 2]
+    p.verified(2, 0)
+    assert p.propose(8) == [] and p.propose(8) == [] and p.propose(8) == [1, 2]
+    with pytest.raises(ValueError):
+        PromptLookup([], max_ngram=1, min_ngram=2)
+
+
+PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "one two three one two three one two",
+           "The quick brown fox jumps over the lazy dog. The quick brown", "x = [1, 2, 3, 4]\ny = [1, 2,"]
+
+
+@pytest.mark.parametrize("model", ["qwen2-tiny-q8_0", "llama-tiny-q8_0", "qwen2.5-coder-0.5b"])
+def test_greedy_lookup_is_the_plain_output(model):
+    """Over prompts that repeat themselves (drafts are made and both accepted and rejected), the generated tokens
+    with lookup=True equal those without, on the tiny synthetic models and a real one."""
+    path = str(synthetic_model(model)) if "tiny" in model else str(real_model(model))
+    with LLM(path, threads=2, backend="cpu") as llm:
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            plain = llm.generate(prompt, max_tokens=40).tokens
+            spec = llm.generate(prompt, max_tokens=40, lookup=True)
+            assert spec.tokens == plain, prompt
+            drafted += spec.metrics.drafted_tokens
+            accepted += spec.metrics.accepted_tokens
+        assert drafted > accepted > 0, (drafted, accepted)
+
+
+def test_lookup_refuses_what_it_cannot_do():
+    with LLM(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, backend="cpu") as llm:
+        with pytest.raises(ValueError, match="greedy"):
+            llm.generate("hello", max_tokens=4, lookup=True, temperature=0.7)
+    with LLM(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, backend="cpu", max_sequences=2) as llm:
+        with pytest.raises(ValueError, match="one sequence at a time"):
+            llm.generate("hello", max_tokens=4, lookup=True)
