@@ -360,13 +360,13 @@ class Engine:
             toks = r.all_tokens
             if r.blocks.n_tokens >= len(toks) or pool.extend_in_place(r.blocks):  # the usual case: room in its block
                 continue
-            while r.blocks.n_tokens < len(toks) and not self.pool.can_append(r.blocks):
+            while r.blocks.n_tokens < len(toks) and not pool.can_append(r.blocks):
                 if self._preempt() is r:
                     break
             if r.blocks is not None and r.blocks.n_tokens < len(toks):
                 table = r.blocks.table
                 n_table = len(table)
-                copy = self.pool.append(r.blocks, toks)
+                copy = pool.append(r.blocks, toks)
                 if copy is not None:
                     self._runner.copy_block(*copy)
                 if copy is not None or len(table) != n_table:  # a new last block

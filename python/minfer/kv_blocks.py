@@ -125,7 +125,7 @@ class BlockPool:
     def extend_in_place(self, seq: SeqBlocks) -> bool:
         """append's usual case in one call: the next token fits the sequence's own unshared last block, and is
         counted in; False (nothing changed) where it needs a new block or a copy (then ask can_append/append)."""
-        if seq.n_tokens % self.block_size == 0 or self.refs[seq.table[-1]] > 1:
+        if seq.n_tokens % self.block_size == 0 or self.refs[seq.table[-1]] > 1:  # _needs_block, inlined: per token
             return False
         seq.n_tokens += 1
         return True

@@ -53,7 +53,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
                       all_parts(cuda::gemm_mma_fits);
     const bool two_rows = rows > 1 && !bf16 &&
                         (choice == "matvec" || (choice.empty() && decode_q8_)) &&
-                        all_parts([](uint32_t t, int64_t r, int64_t k) { return cuda::matvec_q8_rows_fits(t, int(r), k); });
+                        all_parts(cuda::matvec_q8_rows_fits);
     const bool mma = rows > 1 && !bf16 && !two_rows && (choice == "int8" || (choice.empty() && decode_q8_)) &&
                      all_parts(cuda::gemm_q8_fits);
     if (rows > 1 && rows <= cuda::kGemmQ8MaxRows &&

@@ -72,7 +72,7 @@ bool matvec_q8_supported(uint32_t type, int64_t K);
 // Whether matvec_q8 takes `rows` activation rows of these weights in one pass over them (its rows kernel:
 // kMatvecQ8MaxRows rows of Q4_K or Q6_K weights, K >= 1024; a batch step of two sequences).
 constexpr int kMatvecQ8MaxRows = 2;
-bool matvec_q8_rows_fits(uint32_t type, int rows, int64_t K);
+bool matvec_q8_rows_fits(uint32_t type, int64_t rows, int64_t K);
 size_t matvec_q8_scratch_bytes(int rows, int64_t K);
 // Whether matvec_q8's Q4_K rows of K values take the pipe kernel's whole-row build (at most two chunks a lane,
 // 2048 < K <= 4096), which asks for all its weights before its PDL wait (add_rmsnorm's rule reads it).

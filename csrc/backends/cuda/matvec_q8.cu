@@ -285,7 +285,7 @@ MatvecKernel rows_kernel_build(const MatvecArgs& a) {
 // and Q6_K rows of K >= 1024); the kernel choice cuda.matvec=warp keeps them on the warp kernel (tests).  Only
 // two: each further row costs the kernel about half a one-row launch (its x loads and dot products), so that
 // from three rows the int8 tensor cores (gemm_q8, flat in rows up to 8) are faster.
-bool matvec_q8_rows_fits(uint32_t type, int rows, int64_t K) {
+bool matvec_q8_rows_fits(uint32_t type, int64_t rows, int64_t K) {
     if (rows != kMatvecQ8MaxRows || forced_kernel("cuda.matvec") == "warp") return false;
     return (type == GGML_TYPE_Q4_K || type == GGML_TYPE_Q6_K) && K >= 1024 && K % 64 == 0;
 }
@@ -342,7 +342,7 @@ void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cud
 }
 
 void matvec_q8(const MatvecArgs& a, void* scratch, bool quantized, cudaStream_t s) {
-    const bool rows_kernel = a.n_rows > 1 && rows_kernel_for(a);
+    const bool rows_kernel = rows_kernel_for(a);
     if (a.n_rows < 1 || a.n_rows > kMatvecMaxRows || a.K % 64)
         throw MinferError(strfmt("CUDA matvec_q8: %d rows of width %lld (1..%d rows; width a multiple of 64)", a.n_rows,
                                  (long long)a.K, kMatvecMaxRows));
