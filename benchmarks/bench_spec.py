@@ -1,11 +1,20 @@
-"""Speculative decoding with prompt lookup: greedy decode tok/s with and without `lookup=True` on code prompts,
-the same tokens checked, and the drafts' acceptance.
+"""Speculative decoding: greedy decode tok/s on code prompts without speculation, with prompt lookup, with a
+draft model and with both, the same tokens checked, and the drafts' acceptance; beside llama.cpp's
+`llama-speculative` on the same pair of files when its binaries are given (built from llama.cpp's public source).
 
-    python benchmarks/bench_spec.py -m qwen2.5-coder-0.5b -t 2
+    python benchmarks/bench_spec.py -m qwen2.5-coder-1.5b -d qwen2.5-coder-0.5b -t 2 \\
+        [--llama-bin ~/llama.cpp/build/bin]
 """
 from __future__ import annotations
 
 import argparse
+import csv
+import io
+import os
+import re
+import statistics
+import subprocess
+import tempfile
 import time
 
 from minfer import LLM
@@ -31,24 +40,69 @@ PROMPTS = {
 }
 
 
+def llama_speculative(bin_dir, target, draft, prompt_text, a):
+    """llama-speculative's decode tok/s, drafted and accepted for one prompt (greedy, same draft length)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
+        f.write(prompt_text)
+    try:
+        out = subprocess.run([os.path.join(bin_dir, "llama-speculative"), "-m", target, "-md", draft, "-f", f.name,
+                              "-n", str(a.max_tokens), "-t", str(a.threads), "-td", str(a.threads), "--temp", "0",
+                              "--spec-draft-n-max", str(a.draft_max), "-c", "4096", "-s", "1"],
+                             capture_output=True, text=True, timeout=600).stderr
+    finally:
+        os.unlink(f.name)
+    speed = re.search(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds, speed:\s+([\d.]+)", out)
+    drafted, accepted = re.search(r"n_drafted\s*=\s*(\d+)", out), re.search(r"n_accept\s*=\s*(\d+)", out)
+    if not (speed and drafted and accepted):
+        raise RuntimeError(f"llama-speculative gave no speed:\n{out[-2000:]}")
+    return float(speed.group(3)), int(drafted.group(1)), int(accepted.group(1))
+
+
+def llama_plain(bin_dir, target, a) -> float:
+    out = subprocess.run([os.path.join(bin_dir, "llama-bench"), "-m", target, "-t", str(a.threads), "-p", "0",
+                          "-n", str(a.max_tokens), "-r", str(a.repeat), "-o", "csv"],
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    return float(list(csv.DictReader(io.StringIO(out)))[-1]["avg_ts"])
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("-d", "--draft-model", default=None, help="a draft model (none: prompt lookup only)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
+    ap.add_argument("-r", "--repeat", type=int, default=3, help="runs per case; the median is reported")
+    ap.add_argument("--draft-max", type=int, default=8)
     ap.add_argument("--backend", default="cpu")
+    ap.add_argument("--llama-bin", default=None, help="a folder with llama.cpp's llama-speculative and llama-bench")
     a = ap.parse_args()
-    with LLM(a.model, threads=a.threads, backend=a.backend) as llm:
-        print(f"# {llm.path}, {a.threads} threads, {a.max_tokens} greedy tokens, {time.strftime('%Y-%m-%d %H:%M')}")
-        print(f"{'prompt':>9} | {'plain tok/s':>11} | {'lookup tok/s':>12} | {'x':>5} | accepted / drafted | same")
+    with LLM(a.model, threads=a.threads, backend=a.backend, draft_model=a.draft_model, draft_max=a.draft_max) as llm:
+        modes = {"plain": dict(draft=False), "lookup": dict(lookup=True, draft=False)}
+        if a.draft_model:
+            modes.update({"draft": dict(), "lookup+draft": dict(lookup=True)})
+        print(f"# {llm.path}, draft {a.draft_model}, {a.threads} threads, {a.max_tokens} greedy tokens, "
+              f"median of {a.repeat}, {time.strftime('%Y-%m-%d %H:%M')}")
+        print(f"{'prompt':>9} | {'mode':>12} | {'tok/s':>6} | {'x plain':>7} | accepted / drafted | same tokens")
         for name, messages in PROMPTS.items():
-            llm.chat(messages, max_tokens=4)  # warm-up (and the prompt's KV is cached for both runs alike)
-            plain = llm.chat(messages, max_tokens=a.max_tokens)
-            spec = llm.chat(messages, max_tokens=a.max_tokens, lookup=True)
-            m = spec.metrics
-            x = m.decode_tps / plain.metrics.decode_tps
-            print(f"{name:>9} | {plain.metrics.decode_tps:11.1f} | {m.decode_tps:12.1f} | {x:5.2f} | "
-                  f"{m.accepted_tokens:4d} / {m.drafted_tokens:<4d} ({m.acceptance:4.0%}) | {spec.tokens == plain.tokens}")
+            llm.chat(messages, max_tokens=4, draft=False)  # warm-up (and the prompt's KV is cached for all runs)
+            base = None
+            for mode, kw in modes.items():
+                runs = [llm.chat(messages, max_tokens=a.max_tokens, **kw) for _ in range(a.repeat)]
+                tps = statistics.median(r.metrics.decode_tps for r in runs)
+                m = runs[0].metrics
+                base = base or (tps, runs[0].tokens)
+                print(f"{name:>9} | {mode:>12} | {tps:6.1f} | {tps / base[0]:7.2f} | {m.accepted_tokens:4d} / "
+                      f"{m.drafted_tokens:<4d} ({m.acceptance:4.0%}) | {all(r.tokens == base[1] for r in runs)}",
+                      flush=True)
+            if a.llama_bin and a.draft_model:
+                from minfer import engine
+                target, draft = engine.resolve(a.model), engine.resolve(a.draft_model)
+                tps, drafted, accepted = llama_speculative(a.llama_bin, target, draft, llm._render(messages), a)
+                if name == "edit":
+                    llama_base = llama_plain(a.llama_bin, target, a)
+                    print(f"{'':>9} | {'llama plain':>12} | {llama_base:6.1f} | (llama-bench tg{a.max_tokens})")
+                print(f"{name:>9} | {'llama draft':>12} | {tps:6.1f} | {tps / llama_base:7.2f} | {accepted:4d} / "
+                      f"{drafted:<4d} ({accepted / max(drafted, 1):4.0%}) | (llama-speculative)", flush=True)
 
 
 if __name__ == "__main__":

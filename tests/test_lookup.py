@@ -14,13 +14,13 @@ def test_drafts_follow_the_latest_match():
     p.extend([5, 6, 7])  # now "6 7" ... the 3-gram "5 6 7" last occurred at 5, followed by 1 2 5 6
     assert p.propose(4) == [1, 2, 5, 6]
     assert p.propose(2) == [1, 2]
-    p.verified(4, 1)  # a rejection: the next drafts are at most 2 long
+    p.policy.verified(4, 1)  # a rejection: the next drafts are at most 2 long
     assert p.propose(4) == [1, 2]
-    p.verified(2, 2)
-    assert p.propose(8) == [1, 2, 5, 6] and (p.drafted, p.accepted) == (6, 3)
-    p.verified(4, 0)  # rejected outright: no draft for one token, then two after another such
+    p.policy.verified(2, 2)
+    assert p.propose(8) == [1, 2, 5, 6] and (p.policy.drafted, p.policy.accepted) == (6, 3)
+    p.policy.verified(4, 0)  # rejected outright: no draft for one token, then two after another such
     assert p.propose(8) == [] and p.propose(8) == [1, 2]
-    p.verified(2, 0)
+    p.policy.verified(2, 0)
     assert p.propose(8) == [] and p.propose(8) == [] and p.propose(8) == [1, 2]
     with pytest.raises(ValueError):
         PromptLookup([], max_ngram=1, min_ngram=2)
@@ -32,8 +32,8 @@ PROMPTS = ["def add(a, b):\n    return a + b\n\ndef add(a, b):\n", "one two thre
 
 @pytest.mark.parametrize("model", ["qwen2-tiny-q8_0", "llama-tiny-q8_0", "qwen2.5-coder-0.5b"])
 def test_greedy_lookup_is_the_plain_output(model):
-    """Over prompts that repeat themselves (drafts are made and both accepted and rejected), the generated tokens
-    with lookup=True equal those without, on the tiny synthetic models and a real one."""
+    """Over prompts that repeat themselves (drafts are made and kept), the generated tokens with lookup=True
+    equal those without, on the tiny synthetic models and a real one (rejected drafts: test_speculative.py)."""
     path = str(synthetic_model(model)) if "tiny" in model else str(real_model(model))
     with LLM(path, threads=2, backend="cpu") as llm:
         drafted = accepted = 0
@@ -43,13 +43,10 @@ def test_greedy_lookup_is_the_plain_output(model):
             assert spec.tokens == plain, prompt
             drafted += spec.metrics.drafted_tokens
             accepted += spec.metrics.accepted_tokens
-        assert drafted > accepted > 0, (drafted, accepted)
+        assert drafted >= accepted > 0, (drafted, accepted)
 
 
 def test_lookup_refuses_what_it_cannot_do():
-    with LLM(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, backend="cpu") as llm:
-        with pytest.raises(ValueError, match="greedy"):
-            llm.generate("hello", max_tokens=4, lookup=True, temperature=0.7)
     with LLM(str(synthetic_model("qwen2-tiny-q8_0")), threads=2, backend="cpu", max_sequences=2) as llm:
         with pytest.raises(ValueError, match="one sequence at a time"):
             llm.generate("hello", max_tokens=4, lookup=True)

@@ -12,6 +12,13 @@ namespace py = pybind11;
 namespace minfer {
 
 void bind_sampling(py::module_& m) {
+    py::class_<Distribution>(m, "Distribution", "candidate token ids and their probabilities (summing to 1)")
+        .def_readonly("ids", &Distribution::ids)
+        .def_readonly("probs", &Distribution::probs)
+        .def_property_readonly("top_prob", [](const Distribution& d) {
+            return d.probs.empty() ? 0.0 : *std::max_element(d.probs.begin(), d.probs.end());
+        }, "the largest probability: how sure a sampled draft is")
+        .def("__len__", [](const Distribution& d) { return d.ids.size(); });
     py::class_<Sampler>(m, "Sampler")
         .def(py::init([](int n_vocab, float temperature, int top_k, float top_p, float min_p, float repeat_penalty,
                          float presence_penalty, float frequency_penalty, int penalty_last_n, py::dict logit_bias,
@@ -36,10 +43,27 @@ void bind_sampling(py::module_& m) {
         .def("sample", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
             return s.sample(logits.data(), int(logits.size()));
         }, py::arg("logits"), "the next token for a [n_vocab] logit vector")
+        .def("sample_with_distribution", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+            Distribution q;
+            const int tok = s.sample(logits.data(), int(logits.size()), q);
+            return py::make_tuple(tok, std::move(q));
+        }, py::arg("logits"), "(token, the Distribution it was drawn from): a draft model's proposal")
+        .def("verify", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits, int draft,
+                          const Distribution* q) {
+            return s.verify(logits.data(), int(logits.size()), draft, q);
+        }, py::arg("logits"), py::arg("draft"), py::arg("q") = nullptr,
+           "speculative sampling: `draft` if kept, else the token drawn in its place; q=None: the draft was "
+           "proposed deterministically (prompt lookup)")
         .def("accept", &Sampler::accept, py::arg("token"), "record a generated token (penalty window)")
+        .def("set_history", &Sampler::set_history, py::arg("tokens"),
+             "the penalty window becomes the last penalty_last_n of these tokens")
         .def("reset", &Sampler::reset)
         .def_property_readonly("greedy", &Sampler::greedy,
                                "every token is the argmax of the logits as they are (no temperature, bias or penalty)");
+    m.def("top_token", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+        const TopToken t = top_token(logits.data(), int(logits.size()));
+        return py::make_tuple(t.id, t.prob);
+    }, py::arg("logits"), "(argmax, its softmax probability): how sure a greedy draft is");
     m.def("sample_rows", [](const std::vector<Sampler*>& samplers,
                             py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
         // Row i by samplers[i], the rows spread over threads (each sampler is its own state: the same tokens

@@ -55,15 +55,28 @@ double Sampler::uniform() {
     return double(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
-int Sampler::sample(const float* logits, int n_vocab) {
+void Sampler::set_history(const std::vector<int>& tokens) {
+    history_.clear();
+    const size_t n = std::min(tokens.size(), size_t(p_.penalty_last_n));
+    history_.insert(history_.end(), tokens.end() - long(n), tokens.end());
+}
+
+void Sampler::prepare(const float* logits, int n_vocab) {
     if (n_vocab != n_vocab_)
         throw MinferError(strfmt("sampler: %d logits for a vocabulary of %d", n_vocab, n_vocab_));
     const int bad = first_nan(logits, n_vocab);
     if (bad >= 0) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", bad));
+    const size_t n = size_t(n_vocab);
+    wt_.resize(n);
+    auto one = [&](int t) {  // greedy: the only candidate
+        ids_.assign(1, t);
+        wt_[size_t(t)] = total_ = 1.0;
+        keep_ = 1;
+    };
     const bool penalties = !history_.empty() &&
                            (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f);
     if (p_.temperature == 0.0f && p_.logit_bias.empty() && !penalties)
-        return first_argmax(logits, n_vocab);  // greedy on the logits as they are: no copy
+        return one(first_argmax(logits, n_vocab));  // greedy on the logits as they are: no copy
     work_.assign(logits, logits + n_vocab);
     // only the tokens touched below can turn NaN (a bias of -inf on a logit of +inf): each is checked as it changes
     auto changed = [&](int t, const char* by) {
@@ -84,13 +97,10 @@ int Sampler::sample(const float* logits, int n_vocab) {
             changed(t, "penalties");
         }
     }
-    if (p_.temperature == 0.0f) {  // greedy: the first maximum
-        return first_argmax(work_.data(), n_vocab);
-    }
+    if (p_.temperature == 0.0f) return one(first_argmax(work_.data(), n_vocab));  // greedy: the first maximum
     // Candidates: the top-k by logit (descending, then id), or every token in id order.  Sorting a whole
     // vocabulary per token cost ~20 ms at 152k; only a top-p / min-p cut needs the order, and then only of
     // the prefix it keeps, which is sorted in growing steps until the cut is inside it.
-    const size_t n = size_t(n_vocab);
     const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
     auto by_logit = [&](int a, int b) { return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b); };
     ids_.resize(n);
@@ -104,10 +114,9 @@ int Sampler::sample(const float* logits, int n_vocab) {
     for (int t : ids_) mx = std::max(mx, work_[size_t(t)]);
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     // softmax at the temperature, in double (unnormalized; sum is the total mass), each candidate's once
-    wt_.resize(n);
     for (int t : ids_) wt_[size_t(t)] = std::exp((double(work_[size_t(t)]) - double(mx)) / p_.temperature);
     auto weight = [&](int t) { return wt_[size_t(t)]; };
-    size_t keep = k;
+    keep_ = k;
     if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
         double sum = 0.0;
         for (int t : ids_) sum += weight(t);
@@ -123,19 +132,106 @@ int Sampler::sample(const float* logits, int n_vocab) {
                 if (p_.top_p < 1.0f && cum >= double(p_.top_p) * sum) { i++; break; }
             }
             if (i < m || m == k) {
-                keep = std::max<size_t>(i, 1);
+                keep_ = std::max<size_t>(i, 1);
                 break;
             }
         }
     }
-    double total = 0.0;
-    for (size_t i = 0; i < keep; i++) total += weight(ids_[i]);
-    double r = uniform() * total;
-    for (size_t i = 0; i < keep; i++) {
-        r -= weight(ids_[i]);
+    total_ = 0.0;
+    for (size_t i = 0; i < keep_; i++) total_ += weight(ids_[i]);
+}
+
+int Sampler::draw() {
+    if (p_.temperature == 0.0f) return ids_[0];  // greedy draws nothing: the generator stays where it was
+    double r = uniform() * total_;
+    for (size_t i = 0; i < keep_; i++) {
+        r -= wt_[size_t(ids_[i])];
         if (r < 0) return ids_[i];
     }
-    return ids_[keep - 1];
+    return ids_[keep_ - 1];
+}
+
+TopToken top_token(const float* logits, int n_vocab) {
+    if (n_vocab <= 0) throw MinferError("top_token: no logits");
+    const int bad = first_nan(logits, n_vocab);
+    if (bad >= 0) throw MinferError(strfmt("top_token: logit %d is NaN (the model produced NaN)", bad));
+    const int best = first_argmax(logits, n_vocab);
+    const float mx = logits[best];
+    if (!std::isfinite(mx)) return {best, 1.0};
+    double sum = 0.0;
+    for (int i = 0; i < n_vocab; i++)
+        if (logits[i] > mx - 20.0f) sum += std::exp(double(logits[i]) - double(mx));
+    return {best, 1.0 / sum};
+}
+
+int Sampler::sample(const float* logits, int n_vocab) {
+    prepare(logits, n_vocab);
+    return draw();
+}
+
+int Sampler::sample(const float* logits, int n_vocab, Distribution& drawn_from) {
+    prepare(logits, n_vocab);
+    drawn_from.ids.assign(ids_.begin(), ids_.begin() + long(keep_));
+    drawn_from.probs.resize(keep_);
+    for (size_t i = 0; i < keep_; i++) drawn_from.probs[i] = wt_[size_t(ids_[i])] / total_;
+    return draw();
+}
+
+int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribution* q) {
+    if (draft < 0 || draft >= n_vocab_) throw MinferError(strfmt("sampler: draft token %d is out of range", draft));
+    prepare(logits, n_vocab);
+    if (p_.temperature == 0.0f) return ids_[0];  // p is a point mass: the draft is kept iff it is the argmax
+    // q by token id (a point mass at the draft when no q is given), zero elsewhere
+    q_dense_.resize(size_t(n_vocab_), 0.0);
+    if (q) {
+        if (q->ids.size() != q->probs.size()) throw MinferError("sampler: a distribution with ids and probs of different sizes");
+        for (size_t i = 0; i < q->ids.size(); i++) {
+            const int t = q->ids[i];
+            if (t < 0 || t >= n_vocab_) throw MinferError(strfmt("sampler: distribution token %d is out of range", t));
+            q_dense_[size_t(t)] = q->probs[i];
+        }
+    } else {
+        q_dense_[size_t(draft)] = 1.0;
+    }
+    auto clear = [&] {
+        if (q)
+            for (int t : q->ids) q_dense_[size_t(t)] = 0.0;
+        else
+            q_dense_[size_t(draft)] = 0.0;
+    };
+    const double qx = q_dense_[size_t(draft)];
+    if (!(qx > 0.0)) {
+        clear();
+        throw MinferError(strfmt("sampler: draft token %d has no probability in its proposal", draft));
+    }
+    double px = 0.0;  // p(draft): its weight if the chain kept it
+    for (size_t i = 0; i < keep_; i++)
+        if (ids_[i] == draft) px = wt_[size_t(draft)] / total_;
+    if (uniform() * qx < px) {  // kept with probability min(1, px / qx)
+        clear();
+        return draft;
+    }
+    // Rejected (so px < qx): draw from the residual max(0, p - q), which is zero at the draft.
+    double rest = 0.0;
+    for (size_t i = 0; i < keep_; i++) {
+        const int t = ids_[i];
+        rest += std::max(0.0, wt_[size_t(t)] / total_ - q_dense_[size_t(t)]);
+    }
+    int out = -1;
+    if (rest > 0.0) {
+        double r = uniform() * rest;
+        for (size_t i = 0; i < keep_ && out < 0; i++) {
+            const int t = ids_[i];
+            const double w = std::max(0.0, wt_[size_t(t)] / total_ - q_dense_[size_t(t)]);
+            r -= w;
+            if (r < 0 && w > 0.0) out = t;
+        }
+        for (size_t i = keep_; out < 0 && i-- > 0;)  // rounding left r >= 0: the last token with residual mass
+            if (ids_[i] != draft && wt_[size_t(ids_[i])] / total_ > q_dense_[size_t(ids_[i])]) out = ids_[i];
+    }
+    clear();
+    if (out < 0) throw MinferError("sampler: a rejected draft left no residual probability (p equals q)");
+    return out;
 }
 
 }  // namespace minfer

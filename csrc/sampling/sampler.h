@@ -5,7 +5,14 @@
 // argmax, lowest id on ties) -> top-k -> softmax at the temperature -> top-p ->
 // min-p -> a draw from a seeded generator (same seed, same logits => same
 // tokens, on every platform: the generator and the draw are our own code).
+//
+// Speculative sampling (Leviathan et al. 2023, Chen et al. 2023): a draft token
+// x drawn from a proposal q is kept with probability min(1, p(x) / q(x)), p the
+// chain's distribution for the target's logits; otherwise the token is drawn
+// from max(0, p - q), renormalized.  The kept or redrawn token is distributed
+// exactly as p, whatever q was.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <utility>
@@ -26,12 +33,33 @@ struct SamplerParams {
     uint64_t seed = 0;
 };
 
+// A sampling distribution over the candidates the chain kept: ids and their
+// probabilities (summing to 1).  What a draft was drawn from, for verify().
+struct Distribution {
+    std::vector<int> ids;
+    std::vector<double> probs;
+};
+
+// The argmax (lowest id on ties) and its softmax probability at temperature 1: a greedy draft's confidence.
+// Logits more than 20 below the maximum are left out of the sum (each adds under 2e-9 of the mass).
+struct TopToken {
+    int id;
+    double prob;
+};
+TopToken top_token(const float* logits, int n_vocab);
+
 class Sampler {
   public:
     // std::invalid_argument (ValueError in Python) naming the parameter that is out of range.
     Sampler(const SamplerParams& p, int n_vocab);
     int sample(const float* logits, int n_vocab);
+    // sample(), also giving the distribution the token was drawn from (a draft model's proposal).
+    int sample(const float* logits, int n_vocab, Distribution& drawn_from);
+    // Speculative sampling: `draft` was proposed from q (nullptr: proposed deterministically, q a point
+    // mass at it).  Returns `draft` if kept, else the token drawn in its place (never `draft`).
+    int verify(const float* logits, int n_vocab, int draft, const Distribution* q);
     void accept(int token);
+    void set_history(const std::vector<int>& tokens);  // the penalty window is the last tokens of these
     void reset();  // history and generator back to the start
     const SamplerParams& params() const { return p_; }
     // Whether every token is the plain argmax of the logits (temperature 0, no bias, no penalties): then
@@ -43,6 +71,12 @@ class Sampler {
 
   private:
     double uniform();  // [0, 1)
+    // The chain up to the draw: candidates ids_[0, keep_) with unnormalized weights wt_[id], their sum total_.
+    void prepare(const float* logits, int n_vocab);
+    int draw();
+    size_t keep_ = 0;
+    double total_ = 0.0;
+    std::vector<double> q_dense_;  // verify(): q by token id, zero outside the proposal
     SamplerParams p_;
     int n_vocab_;
     std::deque<int> history_;

@@ -51,7 +51,12 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     ap.add_argument("--lookup", action="store_true",
-                    help="greedy speculative decoding with drafts from the prompt and text so far (same tokens)")
+                    help="speculative decoding with drafts from the prompt and text so far (same output)")
+    ap.add_argument("--draft-model", "-md", default=None,
+                    help="speculative decoding with this small model (same vocabulary) drafting (same output)")
+    ap.add_argument("--draft-max", type=int, default=8, help="tokens a draft model proposes per step at most")
+    ap.add_argument("--draft-p-min", type=float, default=0.5,
+                    help="the draft model stops where its top probability is below this")
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],
                     help="auto: Metal or CUDA when present (or $MINFER_DEVICE), else the CPU")
     ap.add_argument("--json", action="store_true", help="print one JSON result instead of streaming text")
@@ -69,7 +74,10 @@ def main(argv=None) -> int:
     try:
         if a.model in hub.MODELS and not os.path.exists(a.model):
             hub.fetch(a.model, quiet=a.json)  # a progress bar while it downloads
-        llm = LLM(a.model, n_ctx=a.ctx or None, threads=a.threads or None, backend=a.backend, kv_type=a.kv_type)
+        if a.draft_model in hub.MODELS and not os.path.exists(a.draft_model):
+            hub.fetch(a.draft_model, quiet=a.json)
+        llm = LLM(a.model, n_ctx=a.ctx or None, threads=a.threads or None, backend=a.backend, kv_type=a.kv_type,
+                  draft_model=a.draft_model, draft_max=a.draft_max, draft_p_min=a.draft_p_min)
         messages = [{"role": "system", "content": a.system}] if a.system else []
         turn = a.prompt if a.prompt is not None else read_turn()
         while turn is not None:
@@ -118,7 +126,7 @@ def report(llm) -> None:
           f"({m.stop_reason}); time to first token {m.ttft_s * 1e3:.0f} ms ({m.prefill_tps:.1f} tok/s prefill); "
           f"decode {m.decode_tps:.1f} tok/s; {llm._live().threads} threads", file=sys.stderr)
     if m.drafted_tokens:
-        print(f"[minfer] lookup: {m.accepted_tokens} of {m.drafted_tokens} drafted tokens accepted "
+        print(f"[minfer] speculative: {m.accepted_tokens} of {m.drafted_tokens} drafted tokens accepted "
               f"({m.acceptance:.0%})", file=sys.stderr)
 
 

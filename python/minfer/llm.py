@@ -28,7 +28,9 @@ import numpy as np
 
 from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .draft import DraftModel
 from .lookup import PromptLookup
+from .speculative import FirstOf, Verification
 from .stops import StopText
 
 log = logging.getLogger("minfer")
@@ -44,14 +46,19 @@ GREEDY_CHUNK = 16
 
 class LLM:
     """max_sequences > 1: calls from several threads run batched (minfer.batch.Engine: continuous batching
-    over a paged KV cache) instead of one after another."""
+    over a paged KV cache) instead of one after another.  draft_model: a small model with the same vocabulary
+    that drafts up to draft_max tokens per step, stopping where its top probability is below draft_p_min, for
+    speculative decoding (minfer.draft; one sequence at a time)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
-                 threads: int | None = None, backend: str = "auto", kv_type: str = "f16", max_sequences: int = 1):
+                 threads: int | None = None, backend: str = "auto", kv_type: str = "f16", max_sequences: int = 1,
+                 draft_model: str | os.PathLike | None = None, draft_max: int = 8, draft_p_min: float = 0.5):
         if backend not in ("auto", "cpu", "cuda", "metal"):
             raise ValueError(f"backend must be 'auto', 'cpu', 'cuda' or 'metal', got {backend!r}")
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
+        if draft_model is not None and max_sequences > 1:
+            raise ValueError("draft_model runs one sequence at a time: it does not take max_sequences > 1")
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)
@@ -67,6 +74,10 @@ class LLM:
                                         max_sequences=max_sequences, tokenizer=self.tokenizer)
         else:
             self._session = self._new_session()
+        self._draft = None
+        if draft_model is not None:
+            self._draft = DraftModel(draft_model, self.tokenizer, os.path.basename(self.path), self._session.n_ctx,
+                                     threads, backend, kv_type, max_draft=draft_max, p_min=draft_p_min)
         self._handles: set = set()      # the engine's requests in flight (cancel() stops them)
         self._template = self._file.metadata.get("tokenizer.chat_template")
         self._n_vocab = self._model.config["n_vocab"]
@@ -116,6 +127,7 @@ class LLM:
             self._closed = True
             self._session = None
             self._model = None
+            self._draft = None
             self._cached = []
             if self._file is not None:
                 self._file.close()
@@ -129,28 +141,33 @@ class LLM:
 
     # -- generation --------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-                 lookup: bool = False, **sampling) -> Completion:
-        """lookup=True: greedy speculative decoding with drafts from the text itself (minfer.lookup): the same
-        tokens, fewer model steps where the output repeats the prompt."""
+                 lookup: bool = False, draft: bool = True, **sampling) -> Completion:
+        """Speculative decoding (minfer.speculative), the same tokens or the same distribution in fewer model
+        steps: lookup=True drafts from the text itself (minfer.lookup), first where both are on; draft=False
+        leaves the LLM's draft model out of this call."""
         pieces, tokens = [], []
-        it = self._generate(prompt, max_tokens, stop, sampling, tokens, parse_special=False, lookup=lookup)
+        it = self._generate(prompt, max_tokens, stop, sampling, tokens, parse_special=False, lookup=lookup,
+                            draft=draft)
         for piece in it:
             pieces.append(piece)
         return Completion("".join(pieces), tokens, it.metrics)
 
     def stream(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-               lookup: bool = False, **sampling) -> Iterator[str]:
+               lookup: bool = False, draft: bool = True, **sampling) -> Iterator[str]:
         """Yields text pieces as they are generated; `self.last_metrics` holds the metrics after."""
-        it = self._generate(prompt, max_tokens, stop, sampling, [], parse_special=False, lookup=lookup)
+        it = self._generate(prompt, max_tokens, stop, sampling, [], parse_special=False, lookup=lookup,
+                            draft=draft)
         yield from it
 
     def chat(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (), lookup: bool = False,
-             **sampling) -> Completion:
-        return self.generate(self._render(messages), max_tokens, stop, lookup, _parse_special=True, **sampling)
+             draft: bool = True, **sampling) -> Completion:
+        return self.generate(self._render(messages), max_tokens, stop, lookup, draft, _parse_special=True,
+                             **sampling)
 
     def chat_stream(self, messages: list[dict], max_tokens: int = 256, stop: Sequence[str] = (),
-                    lookup: bool = False, **sampling) -> Iterator[str]:
-        it = self._generate(self._render(messages), max_tokens, stop, sampling, [], parse_special=True, lookup=lookup)
+                    lookup: bool = False, draft: bool = True, **sampling) -> Iterator[str]:
+        it = self._generate(self._render(messages), max_tokens, stop, sampling, [], parse_special=True, lookup=lookup,
+                            draft=draft)
         yield from it
 
     # -- internals ---------------------------------------------------------------
@@ -175,7 +192,7 @@ class LLM:
                                      f"than the context of {self.n_ctx}")
         return ids.astype(np.int32)
 
-    def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special, lookup=False):
+    def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special, lookup=False, draft=True):
         parse_special = sampling.pop("_parse_special", parse_special)
         check_request(max_tokens, sampling)
         if isinstance(prompt, str):
@@ -189,11 +206,15 @@ class LLM:
             raise ValueError("lookup=True runs one sequence at a time: an LLM with max_sequences does not take it")
         if self._engine is not None:
             return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
+        sampling = dict(sampling)
+        if sampling.get("seed") is None:  # one seed for the sampler and the draft's
+            sampling["seed"] = int.from_bytes(os.urandom(8), "little")
         sampler = make_sampler(self.n_vocab, sampling, ids)  # ValueError naming a bad parameter, before any work
-        if lookup and not sampler.greedy:
-            raise ValueError("lookup=True is greedy speculative decoding: it takes temperature 0, no penalties or "
-                             "logit bias")
-        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out, lookup)
+        proposers = [PromptLookup(ids.tolist())] if lookup else []
+        if draft and self._draft is not None:
+            proposers.append(self._draft.run(ids.tolist(), sampling))
+        spec = None if not proposers else proposers[0] if len(proposers) == 1 else FirstOf(proposers)
+        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out, spec)
 
 
 class _Submitted:
@@ -216,17 +237,18 @@ class _Submitted:
 
 
 class _Generation:
-    """One call's loop, as an iterator of text pieces (holds the LLM's lock while it runs)."""
+    """One call's loop, as an iterator of text pieces (holds the LLM's lock while it runs).  `spec`: the
+    speculative proposer (minfer.lookup / minfer.draft) or None."""
 
     def __init__(self, llm: LLM, ids: np.ndarray, max_tokens: int, stop: list, sampler, tokens_out: list,
-                 lookup: bool = False):
+                 spec=None):
         self.llm, self.ids, self.max_tokens, self.stop, self.sampler = llm, ids, max_tokens, stop, sampler
-        self.lookup = lookup
+        self.spec = spec
         self.tokens = tokens_out
         self.metrics = Metrics(prompt_tokens=len(ids))
 
     def __iter__(self):
-        llm, m = self.llm, self.metrics
+        llm, m, spec = self.llm, self.metrics, self.spec
         with llm._lock:
             llm._cancel.clear()
             sess = llm._live()
@@ -243,68 +265,78 @@ class _Generation:
             llm._cached = llm._cached[:keep]
             logits = sess.eval(np.asarray(ids[keep:], np.int32), keep)
             llm._cached = list(ids)
+            if spec is not None:
+                spec.prime()
             t_prefill = time.perf_counter() - t0
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
             text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
-            drafts = PromptLookup(ids) if self.lookup else None
-            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains and drafts is None
-            ahead: list[int] = []  # with chain: tokens the device picked; with lookup: confirmed drafts; not yet taken
+            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains and spec is None
+            ahead: list[int] = []  # tokens the device picked (chain), not yet taken
+            check = None  # speculative: the rows of the last step whose draft tokens are still being checked
             m.stop_reason = "length"
-            while m.generated_tokens < self.max_tokens:
-                if llm._cancel.is_set():
-                    m.stop_reason = "cancelled"
-                    break
-                tok = ahead.pop(0) if ahead else self.sampler.sample(logits[-1])
-                if t_first is None:
-                    t_first = time.perf_counter()
-                    m.ttft_s = t_first - t0
-                if tok in llm.tokenizer.special.eog:
-                    m.stop_reason = "stop"
-                    break
-                self.sampler.accept(tok)
-                self.tokens.append(tok)
-                m.generated_tokens += 1
-                piece = text.push(tok)
-                if piece:
-                    yield piece
-                if text.hit:
-                    m.stop_reason = "stop"
-                    break
-                if m.generated_tokens == self.max_tokens:
-                    break
-                if pos >= sess.n_ctx:
-                    m.stop_reason = "context"
-                    break
-                t_e = time.perf_counter()
-                if drafts is not None:
-                    drafts.extend([tok])
-                    if not ahead:  # tok and a draft in one evaluation; the confirmed prefix is taken next
-                        draft = drafts.propose(min(self.max_tokens - m.generated_tokens - 1, sess.n_ctx - pos - 1))
-                        rows = sess.eval(np.array([tok] + draft, np.int32), pos, bool(draft))
-                        k = 0
-                        while k < len(draft) and self.sampler.sample(rows[k]) == draft[k]:
-                            k += 1
-                        if draft:
-                            drafts.verified(len(draft), k)
-                        ahead, logits = draft[:k], rows[k:k + 1]
-                elif not chain:
-                    logits = sess.eval(np.array([tok], np.int32), pos)
-                elif not ahead:  # never more steps than tokens still to take or room in the context
-                    n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
-                    ahead = sess.decode_greedy(tok, pos, n).tolist()
-                t_eval += time.perf_counter() - t_e
-                llm._cached.append(tok)
-                pos += 1
+            try:
+                while m.generated_tokens < self.max_tokens:
+                    if llm._cancel.is_set():
+                        m.stop_reason = "cancelled"
+                        break
+                    if ahead:
+                        tok = ahead.pop(0)
+                    elif check is not None and not check.done:
+                        tok = check.next_token(self.sampler)
+                    else:
+                        tok = self.sampler.sample(logits[-1])
+                    if t_first is None:
+                        t_first = time.perf_counter()
+                        m.ttft_s = t_first - t0
+                    if tok in llm.tokenizer.special.eog:
+                        m.stop_reason = "stop"
+                        break
+                    self.sampler.accept(tok)
+                    self.tokens.append(tok)
+                    m.generated_tokens += 1
+                    piece = text.push(tok)
+                    if piece:
+                        yield piece
+                    if text.hit:
+                        m.stop_reason = "stop"
+                        break
+                    if m.generated_tokens == self.max_tokens:
+                        break
+                    if pos >= sess.n_ctx:
+                        m.stop_reason = "context"
+                        break
+                    t_e = time.perf_counter()
+                    if spec is not None:
+                        spec.extend([tok])
+                        if check is None or check.done:  # tok and a draft in one step (a kept draft is evaluated)
+                            draft = spec.propose(min(self.max_tokens - m.generated_tokens - 1, sess.n_ctx - pos - 1))
+                            rows = sess.eval(np.array([tok] + draft, np.int32), pos, bool(draft))
+                            seconds = time.perf_counter() - t_e
+                            if draft:
+                                check, logits = Verification(rows, draft, spec.last_q, spec.policy, seconds), None
+                            else:
+                                check, logits = None, rows
+                                spec.plain_step(seconds)
+                    elif not chain:
+                        logits = sess.eval(np.array([tok], np.int32), pos)
+                    elif not ahead:  # never more steps than tokens still to take or room in the context
+                        n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
+                        ahead = sess.decode_greedy(tok, pos, n).tolist()
+                    t_eval += time.perf_counter() - t_e
+                    llm._cached.append(tok)
+                    pos += 1
+            finally:
+                if check is not None:
+                    check.close()
             rest = text.flush()
             if rest:
                 yield rest
-            if drafts is not None:
-                m.drafted_tokens, m.accepted_tokens = drafts.drafted, drafts.accepted
+            if spec is not None:
+                m.drafted_tokens, m.accepted_tokens = spec.drafted, spec.accepted
             if t_first is not None and m.generated_tokens > 1:
                 t_decode = max(time.perf_counter() - t_first, 1e-9)
                 m.decode_tps = (m.generated_tokens - 1) / t_decode
                 m.decode_overhead = max(0.0, 1.0 - t_eval / t_decode)
             llm.last_metrics = m
             log.debug("generation: %s", m)
-

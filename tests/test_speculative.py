@@ -1,0 +1,227 @@
+"""Speculative decoding with a draft model (minfer.draft) and the check of drafts (Sampler.verify): greedy output
+token for token the output without it, sampled output distributed as without it, rejected drafts leaving no
+trace in either model's cache, cancellation inside a speculative step, and drafts that cannot be trusted
+refused at load."""
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from conftest import real_model, synthetic_model
+from minfer import LLM, _minfer
+from minfer.draft import DraftModel, VocabularyMismatch, check_vocabulary
+from minfer.tokenizer import Special
+
+
+def chi2_critical(df: int) -> float:
+    """The chi-square value exceeded with probability 1e-4 (Wilson-Hilferty): a correct sampler fails one
+    seeded test in 10,000; the seeds are fixed, so the outcome is too."""
+    z, c = 3.719, 2.0 / (9 * df)
+    return df * (1 - c + z * c ** 0.5) ** 3
+
+
+def chi_square(counts: np.ndarray, probs: np.ndarray) -> float:
+    n = counts.sum()
+    keep = probs > 0
+    assert counts[~keep].sum() == 0, "a token outside the target's support was drawn"
+    e = probs[keep] * n
+    return float(((counts[keep] - e) ** 2 / e).sum())
+
+
+def chain_probs(logits: np.ndarray, temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """The sampler's chain in numpy: top-k by logit, softmax at the temperature, top-p over the sorted rest."""
+    order = np.argsort(-logits, kind="stable")
+    if top_k:
+        order = order[:top_k]
+    w = np.exp((logits[order] - logits[order].max()) / temperature)
+    w /= w.sum()
+    if top_p < 1.0:
+        cut = int(np.searchsorted(np.cumsum(w), top_p)) + 1
+        order, w = order[:cut], w[:cut] / w[:cut].sum()
+    p = np.zeros(len(logits))
+    p[order] = w
+    return p
+
+
+TARGET = np.array([2.0, 1.2, 0.3, 1.9, -0.5, 0.8, 1.5, -2.0], np.float32)
+DRAFT = np.array([0.1, 2.5, 1.0, 0.5, 0.0, 1.4, -1.0, 0.7], np.float32)  # a proposal far from the target
+
+
+@pytest.mark.parametrize("params", [dict(temperature=0.8, top_k=4), dict(temperature=1.3, top_p=0.9),
+                                    dict(temperature=1.0)])
+def test_verify_leaves_the_target_distribution(params):
+    """Drafts drawn from q, kept or replaced by Sampler.verify: the tokens are distributed as the target's p
+    (chi-square over 20,000 draws), while the drafts themselves are not (the test can tell the difference)."""
+    p = chain_probs(TARGET.astype(np.float64), **params)
+    draft = _minfer.Sampler(len(DRAFT), seed=7, **params)
+    target = _minfer.Sampler(len(TARGET), seed=11, **params)
+    n = 20000
+    out, proposed = np.zeros(len(p)), np.zeros(len(p))
+    kept = 0
+    for _ in range(n):
+        x, q = draft.sample_with_distribution(DRAFT)
+        assert abs(sum(q.probs) - 1.0) < 1e-9 and x in q.ids
+        t = target.verify(TARGET, x, q)
+        out[t] += 1
+        proposed[x] += 1
+        kept += t == x
+    df = int((p > 0).sum()) - 1
+    assert chi_square(out, p) < chi2_critical(df), (out / n, p)
+    assert 0 < kept < n
+    with pytest.raises(AssertionError):  # the drafts unchecked: far from p
+        assert chi_square(proposed, p) < chi2_critical(df)
+
+
+def test_verify_of_a_deterministic_draft():
+    """Prompt lookup's drafts have no q (a point mass): kept with probability p(draft), otherwise a token drawn
+    from p without it; greedy keeps exactly the argmax."""
+    p = chain_probs(TARGET.astype(np.float64), 0.9, top_k=6)
+    target = _minfer.Sampler(len(TARGET), temperature=0.9, top_k=6, seed=3)
+    counts = np.zeros(len(p))
+    for _ in range(20000):
+        counts[target.verify(TARGET, 1)] += 1
+    assert chi_square(counts, p) < chi2_critical(5)
+    greedy = _minfer.Sampler(len(TARGET))
+    assert greedy.verify(TARGET, 0) == 0 and greedy.verify(TARGET, 3) == 0
+
+
+def test_verify_refuses_what_cannot_be_a_draft():
+    s = _minfer.Sampler(len(TARGET), temperature=1.0, top_k=2, seed=1)
+    _, q = _minfer.Sampler(len(DRAFT), temperature=1.0, top_k=2, seed=1).sample_with_distribution(DRAFT)
+    missing = next(t for t in range(len(DRAFT)) if t not in q.ids)
+    with pytest.raises(_minfer.MinferError, match="no probability in its proposal"):
+        s.verify(TARGET, missing, q)
+    with pytest.raises(_minfer.MinferError, match="out of range"):
+        s.verify(TARGET, len(TARGET), None)
+
+
+def test_top_token():
+    x = np.array([0.0, 3.0, 1.0, 3.0], np.float32)
+    tok, prob = _minfer.top_token(x)
+    assert tok == 1 and prob == pytest.approx(np.exp(3.0) / np.exp(x.astype(np.float64)).sum())
+
+
+def tiny(name):
+    return str(synthetic_model(name))
+
+
+PROMPTS = ["def add(a, b):\n    return a + b\n", "one two three", "The quick brown fox", "x = [1, 2, 3, 4]\ny ="]
+
+
+@pytest.mark.parametrize("draft", ["qwen2-tiny-f32", "qwen2-tiny-q4_0"])
+def test_greedy_with_a_draft_is_the_plain_output(draft):
+    """A quantized model drafting for its own q8_0 version (most drafts kept, some not) and with lookup first:
+    the same tokens as without speculation, over several prompts, with both kept and rejected drafts."""
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny(draft), draft_p_min=0.0) as llm:
+        drafted = accepted = 0
+        for prompt in PROMPTS:
+            plain = llm.generate(prompt, max_tokens=48, draft=False)
+            for lookup in (False, True):
+                spec = llm.generate(prompt, max_tokens=48, lookup=lookup)
+                assert spec.tokens == plain.tokens, (prompt, lookup)
+                assert spec.metrics.stop_reason == plain.metrics.stop_reason
+                drafted += spec.metrics.drafted_tokens
+                accepted += spec.metrics.accepted_tokens
+        assert drafted > accepted > 0, (drafted, accepted)
+
+
+def test_greedy_with_the_real_pair(qwen15_path, qwen05_path):
+    """qwen2.5-coder-1.5b with the 0.5B drafting: the tokens of plain greedy decoding."""
+    with LLM(str(qwen15_path), threads=2, backend="cpu", draft_model=str(qwen05_path)) as llm:
+        for prompt in ["def quicksort(xs):\n", "# Read a CSV file and print the sum of its second column\n"]:
+            plain = llm.generate(prompt, max_tokens=40, draft=False)
+            spec = llm.generate(prompt, max_tokens=40)
+            assert spec.tokens == plain.tokens, prompt
+            assert spec.metrics.accepted_tokens > 0
+
+
+def test_sampling_with_a_draft_keeps_the_distribution():
+    """Seeded samples of the first two tokens (top-k 3, temperature 1) with a draft, against the exact joint
+    distribution computed from the target's logits: the second token comes from a verified draft."""
+    prompt = "one two three"
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-q4_0"),
+             draft_p_min=0.0) as llm:
+        ids = llm.tokenize(prompt)
+        p1 = chain_probs(llm.logits(ids)[-1].astype(np.float64), 1.0, top_k=3)
+        firsts = np.flatnonzero(p1)
+        joint = {}
+        for a in firsts:
+            p2 = chain_probs(llm.logits(ids + [int(a)])[-1].astype(np.float64), 1.0, top_k=3)
+            for b in np.flatnonzero(p2):
+                joint[(int(a), int(b))] = p1[a] * p2[b]
+        cells = sorted(joint)
+        counts = np.zeros(len(cells))
+        drafted = accepted = 0
+        for seed in range(1500):
+            out = llm.generate(ids, max_tokens=3, temperature=1.0, top_k=3, seed=seed)
+            counts[cells.index(tuple(out.tokens[:2]))] += 1
+            drafted += out.metrics.drafted_tokens
+            accepted += out.metrics.accepted_tokens
+        assert drafted > accepted > 0, (drafted, accepted)
+        assert chi_square(counts, np.array([joint[c] for c in cells])) < chi2_critical(len(cells) - 1)
+
+
+def test_rejected_drafts_leave_no_trace():
+    """After generations with rejected drafts, a call that reuses the cached prefix gives what a fresh model
+    gives; the draft's own cache, rolled back to a shared prefix, proposes what a fresh draft proposes."""
+    prompt = "x = [1, 2, 3, 4]\ny ="
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-q4_0"),
+             draft_p_min=0.0) as llm, LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu") as fresh:
+        first = llm.generate(prompt, max_tokens=40)
+        assert first.metrics.drafted_tokens > first.metrics.accepted_tokens
+        follow = llm.tokenize(prompt) + first.tokens[:25] + llm.tokenize(" z")
+        again = llm.generate(follow, max_tokens=24, draft=False)
+        assert again.metrics.cached_tokens > len(llm.tokenize(prompt))
+        assert again.tokens == fresh.generate(follow, max_tokens=24).tokens
+
+    target = LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu")
+    used = DraftModel(tiny("qwen2-tiny-q4_0"), target.tokenizer, "target", 256, 2, "cpu", "f16", p_min=0.0)
+    new = DraftModel(tiny("qwen2-tiny-q4_0"), target.tokenizer, "target", 256, 2, "cpu", "f16", p_min=0.0)
+    a = target.tokenize("one two three four five six")
+    b = a[:3] + target.tokenize(" seven eight")
+    used.run(a, None).propose(6)
+    assert used.run(b, None).propose(6) == new.run(b, None).propose(6)
+    target.close()
+
+
+def test_cancel_inside_a_speculative_step():
+    """cancel() between the tokens of a verified draft: the call stops there, and the next call (reusing the
+    cache) gives what a fresh model gives."""
+    prompt = "def add(a, b):\n    return a + b\n"
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"),
+             draft_p_min=0.0) as llm, LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu") as fresh:
+        pieces = []
+        for piece in llm.stream(prompt, max_tokens=64):
+            pieces.append(piece)
+            if len(pieces) == 6:
+                llm.cancel()
+        m = llm.last_metrics
+        assert m.stop_reason == "cancelled" and m.generated_tokens < 64 and m.drafted_tokens > 0
+        assert llm.generate(prompt, max_tokens=20).tokens == fresh.generate(prompt, max_tokens=20).tokens
+
+
+def test_a_draft_with_another_vocabulary_is_refused(smollm2_path):
+    with pytest.raises(VocabularyMismatch, match="does not share the vocabulary"):
+        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=str(smollm2_path))
+
+
+def test_vocabulary_check_names_the_difference():
+    special = Special(frozenset({2}), 1, 2, False, False)
+    a = SimpleNamespace(tokens=["<s>", "</s>", "a", "b"], special=special)
+    with pytest.raises(VocabularyMismatch, match="token 3 is 'c' in the draft and 'b' in the target"):
+        check_vocabulary(a, SimpleNamespace(tokens=["<s>", "</s>", "a", "c"], special=special), "t", "d")
+    with pytest.raises(VocabularyMismatch, match="3 tokens against 4"):
+        check_vocabulary(a, SimpleNamespace(tokens=["<s>", "</s>", "a"], special=special), "t", "d")
+    other = Special(frozenset({2}), 1, 2, True, False)
+    with pytest.raises(VocabularyMismatch, match="special add_bos is True in the draft and False"):
+        check_vocabulary(a, SimpleNamespace(tokens=a.tokens, special=other), "t", "d")
+    check_vocabulary(a, SimpleNamespace(tokens=list(a.tokens), special=special), "t", "d")
+
+
+def test_draft_settings_are_checked():
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", max_sequences=2, draft_model=tiny("qwen2-tiny-f32"))
+    with pytest.raises(ValueError, match="max_draft"):
+        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"), draft_max=0)
+    with pytest.raises(ValueError, match="p_min"):
+        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"), draft_p_min=2)
