@@ -18,6 +18,7 @@ import tempfile
 import time
 
 from minfer import LLM
+from minfer.speculative import MAX_DRAFT
 
 CODE = '''def parse_config(path):
     """Reads a key = value file into a dict, skipping comments and blank lines."""
@@ -72,7 +73,7 @@ def main():
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
     ap.add_argument("-r", "--repeat", type=int, default=3, help="runs per case; the median is reported")
-    ap.add_argument("--draft-max", type=int, default=8)
+    ap.add_argument("--draft-max", type=int, default=MAX_DRAFT)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--llama-bin", default=None, help="a folder with llama.cpp's llama-speculative and llama-bench")
     a = ap.parse_args()

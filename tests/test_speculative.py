@@ -128,11 +128,13 @@ def test_greedy_with_a_draft_is_the_plain_output(draft):
 def test_greedy_with_the_real_pair(qwen15_path, qwen05_path):
     """qwen2.5-coder-1.5b with the 0.5B drafting: the tokens of plain greedy decoding."""
     with LLM(str(qwen15_path), threads=2, backend="cpu", draft_model=str(qwen05_path)) as llm:
+        accepted = 0
         for prompt in ["def quicksort(xs):\n", "# Read a CSV file and print the sum of its second column\n"]:
             plain = llm.generate(prompt, max_tokens=40, draft=False)
             spec = llm.generate(prompt, max_tokens=40)
             assert spec.tokens == plain.tokens, prompt
-            assert spec.metrics.accepted_tokens > 0
+            accepted += spec.metrics.accepted_tokens
+        assert accepted > 0
 
 
 def test_sampling_with_a_draft_keeps_the_distribution():
@@ -225,3 +227,31 @@ def test_draft_settings_are_checked():
         LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"), draft_max=0)
     with pytest.raises(ValueError, match="p_min"):
         LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"), draft_p_min=2)
+
+
+class ChainingSession:
+    """A CPU session that says its greedy steps chain (as a GPU's do), counting decode_greedy's calls."""
+
+    def __init__(self, session):
+        self.session, self.chained = session, 0
+
+    chains = True
+
+    def decode_greedy(self, token, pos, steps):
+        self.chained += 1
+        return self.session.decode_greedy(token, pos, steps)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)
+
+
+def test_paused_drafting_takes_chained_steps():
+    """Where decode chains on the device, the tokens between drafts (drafting paused after rejections) come
+    from chained greedy steps, and the output is still the plain one."""
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("llama-tiny-q8_0"),
+             draft_p_min=0.0) as llm:
+        plain = llm.generate(PROMPTS[0], max_tokens=64, draft=False)
+        llm._session = ChainingSession(llm._session)
+        spec = llm.generate(PROMPTS[0], max_tokens=64)
+        assert spec.tokens == plain.tokens
+        assert llm._session.chained > 0 and spec.metrics.drafted_tokens > spec.metrics.accepted_tokens

@@ -19,7 +19,7 @@ import os
 import numpy as np
 
 from . import _minfer, engine, gguf, tokenizer
-from .speculative import DraftLength, Proposer
+from .speculative import MAX_DRAFT, DraftLength, Proposer
 
 
 class VocabularyMismatch(ValueError):
@@ -46,7 +46,7 @@ class DraftModel:
     """The loaded draft (its weights and one session); `run()` makes the proposer for one generation."""
 
     def __init__(self, model: str | os.PathLike, target_tokenizer, target_name: str, n_ctx: int,
-                 threads: int | None, backend: str, kv_type: str, max_draft: int = 8, p_min: float = 0.5):
+                 threads: int | None, backend: str, kv_type: str, max_draft: int = MAX_DRAFT, p_min: float = 0.5):
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {p_min}")
         DraftLength(max_draft)  # ValueError for a bad max_draft, before the load
@@ -62,6 +62,8 @@ class DraftModel:
                                       device="" if backend == "auto" else backend)
         self.max_draft, self.p_min = max_draft, p_min
         self.cached: list[int] = []  # tokens whose K/V sit in the draft's cache at positions 0..len-1
+        # the draft length and pauses carry over from call to call: what a step costs is the machine's
+        self.policy = DraftLength(max_draft)
 
     def run(self, tokens: list[int], sampling: dict | None) -> "DraftRun":
         """The proposer for a generation after `tokens`; `sampling`: the call's parameters (None: greedy)."""
@@ -74,7 +76,8 @@ class DraftRun(Proposer):
     def __init__(self, draft: DraftModel, tokens: list[int], sampling: dict | None):
         self.draft = draft
         self.tokens = list(tokens)
-        self.policy = DraftLength(draft.max_draft)
+        self.policy = draft.policy
+        self._count_from_here()
         self.sampler = None
         self.last_q: list | None = None  # what each token of the last draft was drawn from (None: greedy)
         if sampling and float(sampling.get("temperature") or 0.0) > 0.0:
@@ -104,7 +107,7 @@ class DraftRun(Proposer):
         d.cached = list(ts)
         return logits
 
-    def propose(self, room: int) -> list[int]:
+    def guess(self, room: int) -> list[int]:
         limit = self.policy.limit(min(room, self.draft.session.n_ctx - len(self.tokens)))
         self.last_q = [] if self.sampler else None
         if limit <= 0:

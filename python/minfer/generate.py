@@ -27,6 +27,7 @@ from ._minfer import MinferError
 from .chat import TemplateError
 from .hub import FetchError
 from .llm import LLM
+from .speculative import MAX_DRAFT
 from .tokenizer import TokenizerError
 
 
@@ -54,7 +55,7 @@ def main(argv=None) -> int:
                     help="speculative decoding with drafts from the prompt and text so far (same output)")
     ap.add_argument("--draft-model", "-md", default=None,
                     help="speculative decoding with this small model (same vocabulary) drafting (same output)")
-    ap.add_argument("--draft-max", type=int, default=8, help="tokens a draft model proposes per step at most")
+    ap.add_argument("--draft-max", type=int, default=MAX_DRAFT, help="tokens a draft model proposes per step at most")
     ap.add_argument("--draft-p-min", type=float, default=0.5,
                     help="the draft model stops where its top probability is below this")
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"],

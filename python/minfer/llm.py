@@ -30,7 +30,7 @@ from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
 from .draft import DraftModel
 from .lookup import PromptLookup
-from .speculative import FirstOf, Verification
+from .speculative import MAX_DRAFT, DraftLength, FirstOf, Verification
 from .stops import StopText
 
 log = logging.getLogger("minfer")
@@ -52,7 +52,7 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "auto", kv_type: str = "f16", max_sequences: int = 1,
-                 draft_model: str | os.PathLike | None = None, draft_max: int = 8, draft_p_min: float = 0.5):
+                 draft_model: str | os.PathLike | None = None, draft_max: int = MAX_DRAFT, draft_p_min: float = 0.5):
         if backend not in ("auto", "cpu", "cuda", "metal"):
             raise ValueError(f"backend must be 'auto', 'cpu', 'cuda' or 'metal', got {backend!r}")
         if max_sequences < 1:
@@ -75,6 +75,7 @@ class LLM:
         else:
             self._session = self._new_session()
         self._draft = None
+        self._lookup_policy = DraftLength(MAX_DRAFT)  # carried over from call to call, as the draft model's
         if draft_model is not None:
             self._draft = DraftModel(draft_model, self.tokenizer, os.path.basename(self.path), self._session.n_ctx,
                                      threads, backend, kv_type, max_draft=draft_max, p_min=draft_p_min)
@@ -210,7 +211,7 @@ class LLM:
         if sampling.get("seed") is None:  # one seed for the sampler and the draft's
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")
         sampler = make_sampler(self.n_vocab, sampling, ids)  # ValueError naming a bad parameter, before any work
-        proposers = [PromptLookup(ids.tolist())] if lookup else []
+        proposers = [PromptLookup(ids.tolist(), policy=self._lookup_policy)] if lookup else []
         if draft and self._draft is not None:
             proposers.append(self._draft.run(ids.tolist(), sampling))
         spec = None if not proposers else proposers[0] if len(proposers) == 1 else FirstOf(proposers)
@@ -271,7 +272,7 @@ class _Generation:
             m.prefill_tps = (len(ids) - keep) / t_prefill if t_prefill > 0 else 0.0
             text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
-            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains and spec is None
+            chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains  # with spec: while drafting pauses
             ahead: list[int] = []  # tokens the device picked (chain), not yet taken
             check = None  # speculative: the rows of the last step whose draft tokens are still being checked
             m.stop_reason = "length"
@@ -309,15 +310,29 @@ class _Generation:
                     t_e = time.perf_counter()
                     if spec is not None:
                         spec.extend([tok])
-                        if check is None or check.done:  # tok and a draft in one step (a kept draft is evaluated)
+                        if ahead or not (check is None or check.done):
+                            pass  # tok's K/V came with the step that picked it or checked its draft
+                        elif chain and spec.paused():  # no drafts for a while: the device's chained steps
+                            n = min(GREEDY_CHUNK, spec.paused(), self.max_tokens - m.generated_tokens,
+                                    sess.n_ctx - pos)
+                            ahead = sess.decode_greedy(tok, pos, n).tolist()
+                            spec.skip_tokens(n)
+                            spec.plain_step((time.perf_counter() - t_e) / n)
+                        else:  # tok and a draft in one step
                             draft = spec.propose(min(self.max_tokens - m.generated_tokens - 1, sess.n_ctx - pos - 1))
-                            rows = sess.eval(np.array([tok] + draft, np.int32), pos, bool(draft))
-                            seconds = time.perf_counter() - t_e
+                            t_p = time.perf_counter()
                             if draft:
-                                check, logits = Verification(rows, draft, spec.last_q, spec.policy, seconds), None
+                                rows = sess.eval(np.array([tok] + draft, np.int32), pos, True)
+                                check, logits = Verification(rows, draft, spec.last_q, spec.policy,
+                                                             time.perf_counter() - t_e), None
+                            elif chain:  # nothing to check: chained steps, as without speculation
+                                n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
+                                ahead = sess.decode_greedy(tok, pos, n).tolist()
+                                spec.skip_tokens(n)
+                                spec.plain_step((time.perf_counter() - t_p) / n)
                             else:
-                                check, logits = None, rows
-                                spec.plain_step(seconds)
+                                logits = sess.eval(np.array([tok], np.int32), pos)
+                                spec.plain_step(time.perf_counter() - t_p)
                     elif not chain:
                         logits = sess.eval(np.array([tok], np.int32), pos)
                     elif not ahead:  # never more steps than tokens still to take or room in the context

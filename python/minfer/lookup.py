@@ -6,17 +6,20 @@ propose, strong where the text repeats, and exact like every draft (tests/test_l
 """
 from __future__ import annotations
 
-from .speculative import DraftLength, Proposer
+from .speculative import MAX_DRAFT, DraftLength, Proposer
 
 
 class PromptLookup(Proposer):
     """Drafts from the latest earlier occurrence of the sequence's last n tokens, n from `max_ngram` down to
-    `min_ngram`, as long as the adaptive length (DraftLength) allows."""
+    `min_ngram`, as long as the adaptive length (DraftLength; `policy`: one carried over from earlier calls)
+    allows."""
 
-    def __init__(self, tokens: list[int], max_ngram: int = 4, min_ngram: int = 3, max_draft: int = 10):
+    def __init__(self, tokens: list[int], max_ngram: int = 4, min_ngram: int = 3, max_draft: int = MAX_DRAFT,
+                 policy: DraftLength | None = None):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
-        self.policy = DraftLength(max_draft)
+        self.policy = policy or DraftLength(max_draft)
+        self._count_from_here()
         self.sizes = range(max_ngram, min_ngram - 1, -1)
         self.tokens: list[int] = []
         # n-gram -> the latest position where it starts and a token follows it
@@ -32,7 +35,7 @@ class PromptLookup(Proposer):
                     self.index[tuple(self.tokens[j - n:j])] = j - n
             self.tokens.append(t)
 
-    def propose(self, room: int) -> list[int]:
+    def guess(self, room: int) -> list[int]:
         """Up to min(room, the adaptive length) tokens that followed the last match, or [] (no match)."""
         limit = self.policy.limit(room)
         if limit <= 0:

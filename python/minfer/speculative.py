@@ -11,20 +11,32 @@ entries past the last kept token are overwritten by the next step, which starts 
 """
 from __future__ import annotations
 
+import time
+
+
+# Drafts of at most 7 tokens: a check of 8 rows, a whole pass of the CPU's multi-token kernels (9 rows cost
+# ~25 % more than 8; measured in benchmarks/NOTES.md, Speculative decoding).
+MAX_DRAFT = 7
+
 
 class DraftLength:
-    """The adaptive draft length shared by the proposers: it grows by 2 after a draft kept whole and falls to
-    just past the kept prefix after a rejection; a draft rejected outright pauses drafting for 1, 2, 4 .. 16
-    tokens, so text the proposer cannot predict pays for little more than the proposals.  Speculation must also
-    pay in time: when a speculative step's seconds per token (proposal and check together) exceed a plain
-    step's, drafting pauses for 8, 16 .. 64 tokens (a proposer about as slow as the target, a device where
-    checking several rows costs several steps), and is measured again after."""
+    """The adaptive draft length and pauses of one proposer.  The length grows by 2 after a draft kept whole and
+    falls to just past the kept prefix after a rejection.  Drafting pauses where it does not pay, measured in
+    the decode's own seconds: after a draft rejected outright (for 1, 2, 4 .. 16 tokens, and from the second
+    failure in a row at least as many as keep a failed attempt's cost beyond a plain step under 5 % of the
+    plain steps it is spread over), after a proposal that took time and proposed nothing (a draft model unsure
+    of every token) by the same rule, and
+    when speculative steps' seconds per token exceed a plain step's (8, 16 .. 64 tokens; measured afresh
+    after)."""
+
+    MAX_PAUSE = 256  # tokens
+    SHARE = 0.05  # what a failed attempt may add to the plain steps after it
 
     def __init__(self, max_draft: int):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
         self.max_draft = self.length = max_draft
-        self.pause = self.skip = 0  # tokens to go without drafts after rejections, and how many are left
+        self.pause = self.skip = 0  # the last pause after a failure, and the tokens still to go without drafts
         self.slow = 0               # the last pause for speculation that did not pay
         self.plain_s = self.spec_s = None  # seconds per token of plain and speculative steps (moving averages)
         self.drafted = self.accepted = 0
@@ -36,9 +48,30 @@ class DraftLength:
             return 0
         return max(0, min(room, self.length))
 
+    def paused(self) -> int:
+        """Tokens still to go without drafts."""
+        return self.skip
+
+    def skip_tokens(self, n: int) -> None:
+        """`n` tokens were decoded without asking for drafts (a device's chained greedy steps)."""
+        self.skip = max(0, self.skip - n)
+
     def plain_step(self, seconds: float) -> None:
         """A step without a draft took `seconds` for its one token."""
         self.plain_s = seconds if self.plain_s is None else 0.7 * self.plain_s + 0.3 * seconds
+
+    def _failed(self, extra_s: float) -> None:
+        """An attempt that gained nothing and cost `extra_s` beyond a plain step."""
+        self.pause = min(16, max(1, 2 * self.pause))
+        need = 0
+        if self.pause > 1 and self.plain_s and extra_s > 0:  # failures in a row: their cost sets the pause too
+            need = int(extra_s / (self.SHARE * self.plain_s)) + 1
+        self.skip = max(self.skip, min(self.MAX_PAUSE, max(self.pause, need)))
+
+    def nothing_proposed(self, seconds: float) -> None:
+        """A proposal came back empty after `seconds` (free for prompt lookup, a model step for a draft)."""
+        if self.plain_s is not None and seconds > self.SHARE * self.plain_s:
+            self._failed(seconds)
 
     def verified(self, drafted: int, accepted: int, seconds: float | None = None) -> None:
         """A draft of `drafted` tokens had its first `accepted` kept; proposing and checking it took `seconds`
@@ -49,8 +82,10 @@ class DraftLength:
             self.length = min(self.max_draft, self.length + 2)
         else:
             self.length = max(2, accepted + 1)
-        self.pause = 0 if accepted else min(16, max(1, 2 * self.pause))
-        self.skip = self.pause
+        if accepted:
+            self.pause = 0
+        else:
+            self._failed(seconds - self.plain_s if seconds is not None and self.plain_s else 0.0)
         if seconds is None:
             return
         per = seconds / (accepted + 1)
@@ -96,7 +131,8 @@ class Verification:
 
 class Proposer:
     """What the decode loop needs of a proposer: extend() with each token taken, propose(room) -> draft, the
-    distributions the draft was drawn from (last_q; None: deterministic) and its DraftLength (policy)."""
+    distributions the draft was drawn from (last_q; None: deterministic) and its DraftLength (policy).
+    Subclasses write guess(room); propose() times it and tells the policy of time spent on nothing."""
 
     policy: DraftLength
     last_q: list | None = None
@@ -107,19 +143,36 @@ class Proposer:
     def extend(self, tokens: list[int]) -> None:
         raise NotImplementedError
 
+    def guess(self, room: int) -> list[int]:
+        raise NotImplementedError
+
+    def propose(self, room: int) -> list[int]:
+        t0 = time.perf_counter()
+        out = self.guess(room)
+        if not out:
+            self.policy.nothing_proposed(time.perf_counter() - t0)
+        return out
+
     def plain_step(self, seconds: float) -> None:
         self.policy.plain_step(seconds)
 
-    def propose(self, room: int) -> list[int]:
-        raise NotImplementedError
+    def paused(self) -> int:
+        return self.policy.paused()
+
+    def skip_tokens(self, n: int) -> None:
+        self.policy.skip_tokens(n)
+
+    def _count_from_here(self) -> None:
+        """The policy may outlive this proposer (it carries over between calls): count this call's drafts."""
+        self._counted = (self.policy.drafted, self.policy.accepted)
 
     @property
     def drafted(self) -> int:
-        return self.policy.drafted
+        return self.policy.drafted - self._counted[0]
 
     @property
     def accepted(self) -> int:
-        return self.policy.accepted
+        return self.policy.accepted - self._counted[1]
 
 
 class FirstOf(Proposer):
@@ -141,6 +194,13 @@ class FirstOf(Proposer):
     def plain_step(self, seconds: float) -> None:
         for p in self.proposers:
             p.plain_step(seconds)
+
+    def paused(self) -> int:
+        return min(p.paused() for p in self.proposers)
+
+    def skip_tokens(self, n: int) -> None:
+        for p in self.proposers:
+            p.skip_tokens(n)
 
     def propose(self, room: int) -> list[int]:
         for p in self.proposers:
