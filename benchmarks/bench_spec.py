@@ -72,7 +72,7 @@ def main():
     ap.add_argument("-d", "--draft-model", default=None, help="a draft model (none: prompt lookup only)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("-n", "--max-tokens", type=int, default=128)
-    ap.add_argument("-r", "--repeat", type=int, default=3, help="runs per case; the median is reported")
+    ap.add_argument("-r", "--repeat", type=int, default=3, help="rounds (each mode once a round); medians reported")
     ap.add_argument("--draft-max", type=int, default=MAX_DRAFT)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--llama-bin", default=None, help="a folder with llama.cpp's llama-speculative and llama-bench")
@@ -87,13 +87,16 @@ def main():
         for name, messages in PROMPTS.items():
             llm.chat(messages, max_tokens=4, draft=False)  # warm-up (and the prompt's KV is cached for all runs)
             base = None
-            for mode, kw in modes.items():
-                runs = [llm.chat(messages, max_tokens=a.max_tokens, **kw) for _ in range(a.repeat)]
-                tps = statistics.median(r.metrics.decode_tps for r in runs)
-                m = runs[0].metrics
-                base = base or (tps, runs[0].tokens)
+            runs = {mode: [] for mode in modes}
+            for _ in range(a.repeat):  # rounds alternate the modes: the VM's bandwidth drifts between phases
+                for mode, kw in modes.items():
+                    runs[mode].append(llm.chat(messages, max_tokens=a.max_tokens, **kw))
+            for mode, results in runs.items():
+                tps = statistics.median(r.metrics.decode_tps for r in results)
+                m = results[-1].metrics
+                base = base or (tps, results[0].tokens)
                 print(f"{name:>9} | {mode:>12} | {tps:6.1f} | {tps / base[0]:7.2f} | {m.accepted_tokens:4d} / "
-                      f"{m.drafted_tokens:<4d} ({m.acceptance:4.0%}) | {all(r.tokens == base[1] for r in runs)}",
+                      f"{m.drafted_tokens:<4d} ({m.acceptance:4.0%}) | {all(r.tokens == base[1] for r in results)}",
                       flush=True)
             if a.llama_bin and a.draft_model:
                 from minfer import engine

@@ -10,6 +10,7 @@ import pytest
 from conftest import real_model, synthetic_model
 from minfer import LLM, _minfer
 from minfer.draft import DraftModel, VocabularyMismatch, check_vocabulary
+from minfer.speculative import MAX_DRAFT, DraftLength
 from minfer.tokenizer import Special
 
 
@@ -105,6 +106,14 @@ def tiny(name):
     return str(synthetic_model(name))
 
 
+def untimed(llm: LLM) -> LLM:
+    """Drafting paused by rejections alone, not by measured time: the same drafts on a busy machine."""
+    llm._lookup_policy = DraftLength(MAX_DRAFT, timed=False)
+    if llm._draft is not None:
+        llm._draft.policy = DraftLength(llm._draft.max_draft, timed=False)
+    return llm
+
+
 PROMPTS = ["def add(a, b):\n    return a + b\n", "one two three", "The quick brown fox", "x = [1, 2, 3, 4]\ny ="]
 
 
@@ -113,6 +122,7 @@ def test_greedy_with_a_draft_is_the_plain_output(draft):
     """A quantized model drafting for its own q8_0 version (most drafts kept, some not) and with lookup first:
     the same tokens as without speculation, over several prompts, with both kept and rejected drafts."""
     with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny(draft), draft_p_min=0.0) as llm:
+        untimed(llm)
         drafted = accepted = 0
         for prompt in PROMPTS:
             plain = llm.generate(prompt, max_tokens=48, draft=False)
@@ -128,6 +138,7 @@ def test_greedy_with_a_draft_is_the_plain_output(draft):
 def test_greedy_with_the_real_pair(qwen15_path, qwen05_path):
     """qwen2.5-coder-1.5b with the 0.5B drafting: the tokens of plain greedy decoding."""
     with LLM(str(qwen15_path), threads=2, backend="cpu", draft_model=str(qwen05_path)) as llm:
+        untimed(llm)
         accepted = 0
         for prompt in ["def quicksort(xs):\n", "# Read a CSV file and print the sum of its second column\n"]:
             plain = llm.generate(prompt, max_tokens=40, draft=False)
@@ -143,6 +154,7 @@ def test_sampling_with_a_draft_keeps_the_distribution():
     prompt = "one two three"
     with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-q4_0"),
              draft_p_min=0.0) as llm:
+        untimed(llm)
         ids = llm.tokenize(prompt)
         p1 = chain_probs(llm.logits(ids)[-1].astype(np.float64), 1.0, top_k=3)
         firsts = np.flatnonzero(p1)
@@ -169,6 +181,7 @@ def test_rejected_drafts_leave_no_trace():
     prompt = "x = [1, 2, 3, 4]\ny ="
     with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-q4_0"),
              draft_p_min=0.0) as llm, LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu") as fresh:
+        untimed(llm)
         first = llm.generate(prompt, max_tokens=40)
         assert first.metrics.drafted_tokens > first.metrics.accepted_tokens
         follow = llm.tokenize(prompt) + first.tokens[:25] + llm.tokenize(" z")
@@ -192,6 +205,7 @@ def test_cancel_inside_a_speculative_step():
     prompt = "def add(a, b):\n    return a + b\n"
     with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"),
              draft_p_min=0.0) as llm, LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu") as fresh:
+        untimed(llm)
         pieces = []
         for piece in llm.stream(prompt, max_tokens=64):
             pieces.append(piece)
@@ -250,8 +264,38 @@ def test_paused_drafting_takes_chained_steps():
     from chained greedy steps, and the output is still the plain one."""
     with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("llama-tiny-q8_0"),
              draft_p_min=0.0) as llm:
+        untimed(llm)
         plain = llm.generate(PROMPTS[0], max_tokens=64, draft=False)
         llm._session = ChainingSession(llm._session)
         spec = llm.generate(PROMPTS[0], max_tokens=64)
         assert spec.tokens == plain.tokens
         assert llm._session.chained > 0 and spec.metrics.drafted_tokens > spec.metrics.accepted_tokens
+
+
+def test_draft_length_pauses_where_speculation_does_not_pay():
+    """The policy in measured seconds: a proposal that costs time and proposes nothing pauses drafting; from
+    the second failure in a row the pause keeps a failed attempt's cost under 5 % of the plain steps after it;
+    speculative steps slower per token than plain ones pause it; untimed, only rejections count."""
+    p = DraftLength(7)
+    p.nothing_proposed(0.5)  # no plain step measured yet: nothing to compare with
+    assert p.paused() == 0
+    p.plain_step(0.010)
+    p.nothing_proposed(0.0001)  # cheap (prompt lookup without a match): no pause
+    assert p.paused() == 0
+    p.nothing_proposed(0.012)  # a draft model's step for nothing: first failure, 1 token
+    assert p.paused() == 1
+    p.skip_tokens(1)
+    p.nothing_proposed(0.012)  # second in a row: 0.012 / (0.05 * 0.010) -> 25 tokens
+    assert p.paused() == 25
+    p.skip_tokens(25)
+    p.verified(3, 3, 0.020)  # 4 tokens in 20 ms against 10 ms a token: pays, the failure streak ends
+    assert p.paused() == 0 and p.length == 7
+    p.verified(7, 1, 0.060)  # 2 tokens in 60 ms: 30 ms a token (moving average 12.5 ms > 10): slower
+    assert p.paused() == 8
+    q = DraftLength(7, timed=False)
+    q.plain_step(0.010)
+    q.nothing_proposed(0.5)
+    q.verified(7, 1, 10.0)
+    assert q.paused() == 0
+    q.verified(2, 0, 10.0)
+    assert q.paused() == 1

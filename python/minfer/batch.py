@@ -34,6 +34,7 @@ import numpy as np
 from . import _minfer, engine, gguf, hub, tokenizer as tokenizer_mod
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
 from .kv_blocks import BlockPool, SeqBlocks
+from .lookup import PromptLookup
 from .stops import StopText
 
 _DONE = object()  # ends a handle's stream of pieces
@@ -44,8 +45,10 @@ class Request:
     before its next step."""
 
     def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset,
-                 logprobs: int | None = None):
+                 logprobs: int | None = None, lookup: bool = False):
         self.prompt = list(ids)
+        self.lookup = PromptLookup(ids) if lookup else None  # speculative decoding's drafts (minfer.lookup)
+        self.draft: list[int] = []  # this step's drafted tokens, checked after it
         # None: no log-probabilities; k >= 0: each generated token's, and the k likeliest (token_logprobs)
         self.logprobs = logprobs
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
@@ -66,7 +69,7 @@ class Request:
         # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
         self.blocks: SeqBlocks | None = None
         self.slot = -1  # its row of the engine's block tables while it has blocks
-        self.decoding = False  # this step feeds it its last token
+        self.decoding = False  # this step feeds it its last token (and its draft)
         self.n_kv = 0
         self.admitted = False
 
@@ -205,10 +208,15 @@ class Engine:
         return self._runner.placement()
 
     def submit(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-               parse_special: bool = False, logprobs: int | None = None, **sampling) -> Request:
+               parse_special: bool = False, logprobs: int | None = None, lookup: bool = False,
+               **sampling) -> Request:
         """Queues a request; returns its handle at once.  Bad parameters and prompts that can never fit are
         errors here, before any work.  logprobs=k: each generated token's log-probability and the k likeliest
-        tokens' (the handle's token_logprobs; such a sequence's steps return logits to the host)."""
+        tokens' (the handle's token_logprobs; such a sequence's steps return logits to the host).  lookup=True:
+        speculative decoding with drafts from the text itself (minfer.lookup), checked in the sequence's rows
+        of the batch step: the same tokens, or the same distribution, in fewer steps."""
+        if lookup and logprobs is not None:
+            raise ValueError("lookup=True does not take logprobs")
         check_request(max_tokens, sampling)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
             raise ValueError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
@@ -225,7 +233,7 @@ class Engine:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
                                      f"{self.pool.n_blocks * self.pool.block_size}")
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
-                      self.tokenizer.special.eog, logprobs)
+                      self.tokenizer.special.eog, logprobs, lookup)
         req._engine = self
         if max_tokens == 0:
             req._finish("length")
@@ -373,6 +381,15 @@ class Engine:
                     self._tables[r.slot, len(table) - 1] = table[-1]
         batch = [(r, 1) for r in self._running if r.decoding]
         budget = self.step_tokens - len(batch)
+        for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
+            if r.lookup is None:
+                continue
+            room = min(len(r.blocks.table) * pool.block_size - r.blocks.n_tokens, budget,
+                       r.max_tokens - r.metrics.generated_tokens - 1, self.n_ctx - len(r.all_tokens) - 1)
+            r.draft = r.lookup.propose(room) if room > 0 and pool.refs[r.blocks.table[-1]] == 1 else []
+            if r.draft:
+                batch[i] = (r, 1 + len(r.draft))
+                budget -= len(r.draft)
         for r in self._running:
             if budget <= 0:
                 break
@@ -386,8 +403,19 @@ class Engine:
 
     def _run_step(self, batch: list[tuple[Request, int]]) -> None:
         runner = self._runner
-        tokens, positions, lens = [], [], []
-        for r, n in batch:
+        # A sequence with a draft runs as 1 + k one-row sequences over its one block table, at consecutive
+        # positions: every row's K/V is stored before any row attends, so each row sees the ones before it,
+        # and the step returns (or picks from) every row's logits.
+        tokens, positions, lens, slots, owner = [], [], [], [], []
+        for i, (r, n) in enumerate(batch):
+            if r.decoding and r.draft:
+                for j, t in enumerate([r.all_tokens[r.n_kv]] + r.draft):
+                    tokens.append(t)
+                    positions.append(r.n_kv + j)
+                    lens.append(1)
+                    slots.append(r.slot)
+                    owner.append(i)
+                continue
             if n == 1:  # a decode row (most rows of most steps)
                 tokens.append(r.all_tokens[r.n_kv])
                 positions.append(r.n_kv)
@@ -395,31 +423,71 @@ class Engine:
                 tokens.extend(r.all_tokens[r.n_kv:r.n_kv + n])
                 positions.extend(range(r.n_kv, r.n_kv + n))
             lens.append(n)
-        tables = self._tables[[r.slot for r, _ in batch]]  # entries past a sequence's last block are ignored
+            slots.append(r.slot)
+            owner.append(i)
+        tables = self._tables[slots]  # entries past a sequence's last block are ignored
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
-        rows = [i for i, (r, n) in enumerate(batch) if r.n_kv + n == len(r.all_tokens)]  # those that sample
-        greedy = all(batch[i][0].greedy and batch[i][0].logprobs is None for i in rows)
+        first = {}  # batch index -> its first row of the step's output
+        for row, i in enumerate(owner):
+            first.setdefault(i, row)
+        # rows that sample: a decode row, or a prompt's last chunk
+        rows = [first[i] for i, (r, n) in enumerate(batch) if r.decoding or r.n_kv + n == len(r.all_tokens)]
+        spec = {i for i, (r, _) in enumerate(batch) if r.decoding and r.draft}
+        greedy = all(batch[owner[k]][0].greedy and batch[owner[k]][0].logprobs is None for k in rows)
         lps: dict[int, tuple] = {}
+        logits = None
         if greedy:
             picked = runner.step_greedy(*args)
         else:
             logits = runner.step(*args)
-            picked = np.zeros(len(batch), np.int32)
-            picked[rows] = _minfer.sample_rows([batch[i][0].sampler for i in rows], logits[rows])
-            for i in rows:
-                if batch[i][0].logprobs is not None:
-                    lps[i] = _logprobs(logits[i], int(picked[i]), batch[i][0].logprobs)
+            picked = np.zeros(len(owner), np.int32)
+            plain = [k for k in rows if not batch[owner[k]][0].draft]
+            picked[plain] = _minfer.sample_rows([batch[owner[k]][0].sampler for k in plain], logits[plain])
+            for k in plain:
+                r = batch[owner[k]][0]
+                if r.logprobs is not None:
+                    lps[k] = _logprobs(logits[k], int(picked[k]), r.logprobs)
         self.steps += 1
         bs = self.pool.block_size
         picked = picked.tolist()
         for i, (r, n) in enumerate(batch):
+            k = first[i]
+            if i in spec:
+                self._check_draft(r, picked[k:k + n], None if logits is None else logits[k:k + n])
+                continue
             r.n_kv += n
             if r.n_kv >= (len(r.blocks.hashes) + 1) * bs:  # a block's rows are all written: findable now
                 self.pool.written(r.blocks, r.all_tokens, r.n_kv)
             if r.n_kv == len(r.all_tokens):
-                if lps and i in lps and picked[i] not in r.eog:  # an end-of-generation token is no output token
-                    r.token_logprobs.append(lps[i])
-                self._take(r, picked[i])
+                if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
+                    r.token_logprobs.append(lps[k])
+                self._take(r, picked[k])
+
+    def _check_draft(self, r: Request, picked: list[int], logits) -> None:
+        """A sequence's rows [last token, d1..dk]: its drafts kept in turn while the sampler agrees (greedy: the
+        row's argmax, else Sampler.verify), then the sampler's own token; each taken as it is decided, so the
+        penalty window and a stop see every token before the next."""
+        draft, policy = r.draft, r.lookup.policy
+        r.draft = []
+        r.n_kv += 1  # the last token's K/V
+        kept = 0
+        for j in range(len(draft) + 1):
+            if j < len(draft):
+                tok = picked[j] if logits is None else r.sampler.verify(logits[j], draft[j], None)
+            else:
+                tok = picked[j] if logits is None else r.sampler.sample(logits[j])
+            if j < len(draft) and tok == draft[j]:
+                kept += 1
+            self._take(r, tok)
+            if r.blocks is None or j == len(draft) or tok != draft[j]:
+                break
+            r.n_kv += 1  # a kept draft token's K/V was computed in this step
+            r.blocks.n_tokens += 1
+        policy.verified(len(draft), kept)
+        r.metrics.drafted_tokens += len(draft)
+        r.metrics.accepted_tokens += kept
+        if r.blocks is not None and r.n_kv >= (len(r.blocks.hashes) + 1) * self.pool.block_size:
+            self.pool.written(r.blocks, r.all_tokens, r.n_kv)
 
     def _take(self, r: Request, tok: int) -> None:
         """A sequence's next token: streamed, or the end of it."""
@@ -436,6 +504,8 @@ class Engine:
                 r.sampler.accept(tok)
             r.tokens.append(tok)
             r.all_tokens.append(tok)
+            if r.lookup is not None:
+                r.lookup.extend([tok])
             m.generated_tokens += 1
             if r._engine_text:
                 r._send(r.text.push(tok))

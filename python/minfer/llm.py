@@ -203,10 +203,9 @@ class LLM:
         if self._closed:
             raise _minfer.MinferError("this LLM is closed")
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
-        if lookup and self._engine is not None:
-            raise ValueError("lookup=True runs one sequence at a time: an LLM with max_sequences does not take it")
         if self._engine is not None:
-            return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, **sampling), tokens_out)
+            return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, lookup=lookup, **sampling),
+                              tokens_out)
         sampling = dict(sampling)
         if sampling.get("seed") is None:  # one seed for the sampler and the draft's
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")

@@ -32,9 +32,10 @@ class DraftLength:
     MAX_PAUSE = 256  # tokens
     SHARE = 0.05  # what a failed attempt may add to the plain steps after it
 
-    def __init__(self, max_draft: int):
+    def __init__(self, max_draft: int, timed: bool = True):
         if max_draft < 1:
             raise ValueError(f"max_draft must be >= 1, got {max_draft}")
+        self.timed = timed  # False: pauses by rejections alone, the same on any machine (tests)
         self.max_draft = self.length = max_draft
         self.pause = self.skip = 0  # the last pause after a failure, and the tokens still to go without drafts
         self.slow = 0               # the last pause for speculation that did not pay
@@ -58,6 +59,8 @@ class DraftLength:
 
     def plain_step(self, seconds: float) -> None:
         """A step without a draft took `seconds` for its one token."""
+        if not self.timed:
+            return
         self.plain_s = seconds if self.plain_s is None else 0.7 * self.plain_s + 0.3 * seconds
 
     def _failed(self, extra_s: float) -> None:
