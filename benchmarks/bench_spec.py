@@ -4,6 +4,11 @@ draft model and with both, the same tokens checked, and the drafts' acceptance; 
 
     python benchmarks/bench_spec.py -m qwen2.5-coder-1.5b -d qwen2.5-coder-0.5b -t 2 \\
         [--llama-bin ~/llama.cpp/build/bin]
+    python benchmarks/bench_spec.py -m MODEL --backend cuda --oracle   # the machinery's ceiling (below)
+
+--oracle: drafts are the plain run's own next tokens, always right, through prompt lookup's path in the
+single-sequence loop and in the batch engine: what checking drafts costs and gains on a device where a
+random-weight model accepts nothing.
 """
 from __future__ import annotations
 
@@ -66,6 +71,42 @@ def llama_plain(bin_dir, target, a) -> float:
     return float(list(csv.DictReader(io.StringIO(out)))[-1]["avg_ts"])
 
 
+def oracle(a) -> None:
+    """Greedy decode with drafts that are always right (the plain output fed back), per path."""
+    from minfer import batch, llm as llm_mod, lookup
+
+    class Oracle(lookup.PromptLookup):
+        answer: list[int] = []
+
+        def guess(self, room: int) -> list[int]:
+            limit = self.policy.limit(room)
+            done = len(self.tokens) - self.n_prompt
+            return Oracle.answer[done:done + limit] if limit > 0 else []
+
+        def extend(self, tokens):
+            if not hasattr(self, "n_prompt"):
+                self.n_prompt = len(tokens)
+            super().extend(tokens)
+
+    for max_sequences in (1, 2):
+        path = "single sequence" if max_sequences == 1 else "batch engine"
+        with LLM(a.model, threads=a.threads, backend=a.backend, max_sequences=max_sequences) as llm:
+            ids = llm.tokenize("def parse_config(path):")
+            plain = [llm.generate(ids, max_tokens=a.max_tokens) for _ in range(a.repeat)]
+            Oracle.answer = plain[0].tokens
+            llm_mod.PromptLookup, batch.PromptLookup = Oracle, Oracle
+            try:
+                spec = [llm.generate(ids, max_tokens=a.max_tokens, lookup=True) for _ in range(a.repeat)]
+            finally:
+                llm_mod.PromptLookup, batch.PromptLookup = lookup.PromptLookup, lookup.PromptLookup
+            p = statistics.median(r.metrics.decode_tps for r in plain)
+            o = statistics.median(r.metrics.decode_tps for r in spec)
+            m = spec[-1].metrics
+            print(f"{path:>15} | plain {p:8.1f} tok/s | drafts always right {o:8.1f} ({o / p:.2f}x) | "
+                  f"{m.accepted_tokens} / {m.drafted_tokens} | same tokens {spec[-1].tokens == plain[0].tokens}",
+                  flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
@@ -76,7 +117,12 @@ def main():
     ap.add_argument("--draft-max", type=int, default=MAX_DRAFT)
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--llama-bin", default=None, help="a folder with llama.cpp's llama-speculative and llama-bench")
+    ap.add_argument("--oracle", action="store_true", help="drafts that are always right: the machinery's ceiling")
     a = ap.parse_args()
+    if a.oracle:
+        print(f"# {a.model}, {a.backend}, {a.max_tokens} greedy tokens, median of {a.repeat}, "
+              f"{time.strftime('%Y-%m-%d %H:%M')}")
+        return oracle(a)
     with LLM(a.model, threads=a.threads, backend=a.backend, draft_model=a.draft_model, draft_max=a.draft_max) as llm:
         modes = {"plain": dict(draft=False), "lookup": dict(lookup=True, draft=False)}
         if a.draft_model:

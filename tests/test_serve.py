@@ -185,6 +185,25 @@ def test_concurrent_streams_each_equal_their_solo_text(server):
     assert m['minfer_time_to_first_token_seconds_count'] > 0 and m['minfer_inter_token_latency_seconds_count'] > 0
 
 
+def test_lookup_server_gives_the_same_streams(server):
+    """--lookup: every request checks prompt-lookup drafts in its rows of the batch step; concurrent greedy
+    streams over prompts that repeat themselves equal the plain server's, and drafts were kept."""
+    prompts = [f"{i} one two three {i} one two three {i} one two" for i in range(8)]
+    alone = [solo(server, p, 24).choices[0].text for p in prompts]
+    srv = start("--max-sequences", "8", "--lookup")
+    try:
+        def stream(p):
+            return "".join(ch.choices[0].text for ch in srv.client.completions.create(
+                model="m", prompt=p, max_tokens=24, temperature=0, stream=True))
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            together = list(ex.map(stream, prompts))
+        assert together == alone
+        m = srv.metrics()
+        assert m["minfer_drafted_tokens_total"] >= m["minfer_accepted_tokens_total"] > 0
+    finally:
+        stop(srv)
+
+
 def test_api_key():
     srv = start(key="sekrit")
     try:

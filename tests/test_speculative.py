@@ -100,6 +100,8 @@ def test_top_token():
     x = np.array([0.0, 3.0, 1.0, 3.0], np.float32)
     tok, prob = _minfer.top_token(x)
     assert tok == 1 and prob == pytest.approx(np.exp(3.0) / np.exp(x.astype(np.float64)).sum())
+    flat = np.zeros(1000, np.float32)
+    assert _minfer.top_token(flat, 0.5)[1] < 0.5 and _minfer.top_token(flat)[1] == pytest.approx(1e-3)
 
 
 def tiny(name):

@@ -60,10 +60,11 @@ void bind_sampling(py::module_& m) {
         .def("reset", &Sampler::reset)
         .def_property_readonly("greedy", &Sampler::greedy,
                                "every token is the argmax of the logits as they are (no temperature, bias or penalty)");
-    m.def("top_token", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
-        const TopToken t = top_token(logits.data(), int(logits.size()));
+    m.def("top_token", [](py::array_t<float, py::array::c_style | py::array::forcecast> logits, double p_min) {
+        const TopToken t = top_token(logits.data(), int(logits.size()), p_min);
         return py::make_tuple(t.id, t.prob);
-    }, py::arg("logits"), "(argmax, its softmax probability): how sure a greedy draft is");
+    }, py::arg("logits"), py::arg("p_min") = 0.0,
+       "(argmax, its softmax probability): how sure a greedy draft is; exact where >= p_min, else below p_min");
     m.def("sample_rows", [](const std::vector<Sampler*>& samplers,
                             py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
         // Row i by samplers[i], the rows spread over threads (each sampler is its own state: the same tokens

@@ -151,16 +151,20 @@ int Sampler::draw() {
     return ids_[keep_ - 1];
 }
 
-TopToken top_token(const float* logits, int n_vocab) {
+TopToken top_token(const float* logits, int n_vocab, double p_min) {
     if (n_vocab <= 0) throw MinferError("top_token: no logits");
     const int bad = first_nan(logits, n_vocab);
     if (bad >= 0) throw MinferError(strfmt("top_token: logit %d is NaN (the model produced NaN)", bad));
     const int best = first_argmax(logits, n_vocab);
     const float mx = logits[best];
     if (!std::isfinite(mx)) return {best, 1.0};
+    const double limit = p_min > 0.0 ? 1.0 / p_min : HUGE_VAL;
     double sum = 0.0;
     for (int i = 0; i < n_vocab; i++)
-        if (logits[i] > mx - 20.0f) sum += std::exp(double(logits[i]) - double(mx));
+        if (logits[i] > mx - 20.0f) {
+            sum += std::exp(double(logits[i]) - double(mx));
+            if (sum > limit) break;  // prob < p_min already
+        }
     return {best, 1.0 / sum};
 }
 

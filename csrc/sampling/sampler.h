@@ -41,12 +41,14 @@ struct Distribution {
 };
 
 // The argmax (lowest id on ties) and its softmax probability at temperature 1: a greedy draft's confidence.
-// Logits more than 20 below the maximum are left out of the sum (each adds under 2e-9 of the mass).
+// Logits more than 20 below the maximum are left out of the sum (each adds under 2e-9 of the mass).  The
+// probability is exact when it is at least p_min; below, the sum stops as soon as it shows that (an unsure
+// draft over a flat distribution would otherwise cost an exp per token).
 struct TopToken {
     int id;
     double prob;
 };
-TopToken top_token(const float* logits, int n_vocab);
+TopToken top_token(const float* logits, int n_vocab, double p_min = 0.0);
 
 class Sampler {
   public:

@@ -117,7 +117,7 @@ class DraftRun(Proposer):
         out: list[int] = []
         while True:
             if self.sampler is None:
-                tok, sure = _minfer.top_token(logits[-1])
+                tok, sure = _minfer.top_token(logits[-1], d.p_min)
             else:
                 tok, q = self.sampler.sample_with_distribution(logits[-1])
                 sure = q.top_prob

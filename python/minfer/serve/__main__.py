@@ -19,6 +19,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-tokens", type=int, default=None, help="the KV pool's size in tokens")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"])
+    ap.add_argument("--lookup", action="store_true",
+                    help="speculative decoding with prompt lookup for every request without logprobs (same output)")
     ap.add_argument("--model-id", default=None, help="the name /v1/models reports (default: the file's)")
     ap.add_argument("--drain", type=float, default=30.0,
                     help="seconds running requests get to finish after SIGTERM before they are cancelled")
@@ -35,7 +37,7 @@ def main(argv=None) -> int:
     _Server = _server_class()
     server = Server(a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx, threads=a.threads, backend=a.backend,
                     max_sequences=a.max_sequences, max_queue=a.max_queue, api_key=a.api_key,
-                    kv_tokens=a.kv_tokens, model_id=a.model_id)
+                    kv_tokens=a.kv_tokens, model_id=a.model_id, lookup=a.lookup)
     print(f"minfer: serving {server.model_id} at http://{a.host}:{a.port}/v1 (ready when /health says ok)",
           flush=True)
     config = uvicorn.Config(build_app(server), host=a.host, port=a.port, log_level="warning",

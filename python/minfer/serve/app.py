@@ -32,8 +32,9 @@ class Server:
 
     def __init__(self, model: str, n_ctx: int | None = None, threads: int | None = None, backend: str = "auto",
                  max_sequences: int = 16, max_queue: int = 256, api_key: str | None = None,
-                 kv_tokens: int | None = None, model_id: str | None = None):
+                 kv_tokens: int | None = None, model_id: str | None = None, lookup: bool = False):
         self.model, self.api_key, self.max_queue = model, api_key, max_queue
+        self.lookup = lookup  # prompt-lookup drafts for every request that asks no logprobs (minfer.lookup)
         self.model_id = model_id or os.path.basename(str(model)).removesuffix(".gguf")
         self._engine_args = dict(n_ctx=n_ctx, threads=threads, backend=backend, max_sequences=max_sequences,
                                  kv_tokens=kv_tokens)
@@ -145,7 +146,7 @@ def _submit(srv: Server, eng: Engine, job: api.Job, ids: list[list[int]]) -> lis
                     sampling["seed"] = (sampling["seed"] + i) % (1 << 64)
                 max_tokens = job.max_tokens if job.max_tokens >= 0 else eng.n_ctx - len(p)
                 handles.append(eng.submit(p, max_tokens=max_tokens, stop=job.stop, logprobs=job.logprobs,
-                                          **sampling))
+                                          lookup=srv.lookup and job.logprobs is None, **sampling))
     except (ValueError, TypeError, ContextLengthError, _minfer.MinferError) as e:
         for h in handles:
             h.cancel()
@@ -199,7 +200,9 @@ class _Tracker:
                          sum(h.metrics.cached_tokens for h in self.handles[::self.n]))  # a prompt's first sample
 
     def record(self, ids: list[list[int]], outcome: str) -> None:
-        self.srv.metrics.request(outcome, sum(len(p) for p in ids), sum(len(h.tokens) for h in self.handles))
+        self.srv.metrics.request(outcome, sum(len(p) for p in ids), sum(len(h.tokens) for h in self.handles),
+                                 sum(h.metrics.drafted_tokens for h in self.handles),
+                                 sum(h.metrics.accepted_tokens for h in self.handles))
 
 
 async def _completions(request: Request, kind: str) -> Response:

@@ -39,15 +39,19 @@ class Metrics:
         self.requests = collections.Counter()   # by outcome: ok, error, cancelled, rejected
         self.prompt_tokens = 0
         self.generated_tokens = 0
+        self.drafted_tokens = self.accepted_tokens = 0  # speculative decoding (--lookup)
         self.ttft = Histogram(TTFT_BUCKETS)
         self.itl = Histogram(ITL_BUCKETS)
         self._recent: collections.deque = collections.deque()  # (time, generated tokens) of the last 10 s
 
-    def request(self, outcome: str, prompt_tokens: int = 0, generated: int = 0) -> None:
+    def request(self, outcome: str, prompt_tokens: int = 0, generated: int = 0, drafted: int = 0,
+                accepted: int = 0) -> None:
         with self._lock:
             self.requests[outcome] += 1
             self.prompt_tokens += prompt_tokens
             self.generated_tokens += generated
+            self.drafted_tokens += drafted
+            self.accepted_tokens += accepted
 
     def first_token(self, seconds: float) -> None:
         with self._lock:
@@ -75,6 +79,9 @@ class Metrics:
             lines += ["# TYPE minfer_prompt_tokens_total counter", f"minfer_prompt_tokens_total {self.prompt_tokens}",
                       "# TYPE minfer_generated_tokens_total counter",
                       f"minfer_generated_tokens_total {self.generated_tokens}",
+                      "# TYPE minfer_drafted_tokens_total counter", f"minfer_drafted_tokens_total {self.drafted_tokens}",
+                      "# TYPE minfer_accepted_tokens_total counter",
+                      f"minfer_accepted_tokens_total {self.accepted_tokens}",
                       "# HELP minfer_generated_tokens_per_second generated tokens over the last 10 s",
                       "# TYPE minfer_generated_tokens_per_second gauge",
                       f"minfer_generated_tokens_per_second {recent / 10.0:.2f}",
