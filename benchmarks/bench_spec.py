@@ -5,10 +5,14 @@ draft model and with both, the same tokens checked, and the drafts' acceptance; 
     python benchmarks/bench_spec.py -m qwen2.5-coder-1.5b -d qwen2.5-coder-0.5b -t 2 \\
         [--llama-bin ~/llama.cpp/build/bin]
     python benchmarks/bench_spec.py -m MODEL --backend cuda --oracle   # the machinery's ceiling (below)
+    python benchmarks/bench_spec.py -m MODEL -d DRAFT --batch 1,8,16 --prompt write -n 256
 
 --oracle: drafts are the plain run's own next tokens, always right, through prompt lookup's path in the
 single-sequence loop and in the batch engine: what checking drafts costs and gains on a device where a
 random-weight model accepts nothing.
+--batch B,...: the batch engine with B requests at once (the prompt with " 0", " 1", ... appended): generated
+tokens over the whole time without speculation, with the draft model, with prompt lookup, greedy and sampled;
+a warm-up round, then the median of -r rounds that alternate the modes.
 """
 from __future__ import annotations
 
@@ -107,6 +111,39 @@ def oracle(a) -> None:
                   flush=True)
 
 
+def batched(a) -> None:
+    from minfer.batch import Engine
+
+    with LLM(a.model, threads=a.threads, backend=a.backend) as llm:
+        base = llm._render(PROMPTS[a.prompt])
+    sampled = dict(temperature=0.8, top_k=40, seed=1)
+    modes = {"plain": dict(draft=False), "draft": {}, "lookup": dict(lookup=True, draft=False),
+             "plain sampled": dict(draft=False, **sampled), "draft sampled": dict(sampled)}
+    for b in (int(x) for x in a.batch.split(",")):
+        with Engine(a.model, threads=a.threads, backend=a.backend, max_sequences=b, draft_model=a.draft_model) as eng:
+            prompts = [f"{base} {i}" for i in range(b)]
+            runs: dict[str, list] = {m: [] for m in modes}
+            for rnd in range(a.repeat + 1):
+                for mode, kw in modes.items():
+                    if mode.startswith("draft") and not a.draft_model:
+                        continue
+                    t = time.perf_counter()
+                    outs = [h.result(timeout=900) for h in
+                            [eng.submit(p, max_tokens=a.max_tokens, parse_special=True, **kw) for p in prompts]]
+                    if rnd:
+                        runs[mode].append((sum(len(o.tokens) for o in outs) / (time.perf_counter() - t), outs))
+            line = [f"B={b}"]
+            for mode, rs in runs.items():
+                if not rs:
+                    continue
+                tps = statistics.median(r[0] for r in rs)
+                ref = statistics.median(r[0] for r in runs["plain sampled" if "sampled" in mode else "plain"])
+                outs = rs[-1][1]
+                line.append(f"{mode} {tps:.0f} ({tps / ref:.2f}x, {sum(o.metrics.accepted_tokens for o in outs)}/"
+                            f"{sum(o.metrics.drafted_tokens for o in outs)})")
+            print(", ".join(line), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
@@ -118,7 +155,13 @@ def main():
     ap.add_argument("--backend", default="cpu")
     ap.add_argument("--llama-bin", default=None, help="a folder with llama.cpp's llama-speculative and llama-bench")
     ap.add_argument("--oracle", action="store_true", help="drafts that are always right: the machinery's ceiling")
+    ap.add_argument("--batch", default=None, help="batch sizes for the batch engine's runs, e.g. 1,8,16")
+    ap.add_argument("--prompt", default="write", choices=sorted(PROMPTS), help="the --batch runs' prompt")
     a = ap.parse_args()
+    if a.batch:
+        print(f"# {a.model}, draft {a.draft_model}, {a.backend}, {a.max_tokens} tokens a request, median of "
+              f"{a.repeat}, {time.strftime('%Y-%m-%d %H:%M')}")
+        return batched(a)
     if a.oracle:
         print(f"# {a.model}, {a.backend}, {a.max_tokens} greedy tokens, median of {a.repeat}, "
               f"{time.strftime('%Y-%m-%d %H:%M')}")

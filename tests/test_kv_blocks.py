@@ -73,6 +73,28 @@ def test_copy_on_write_of_a_shared_partial_block():
     assert all(r == 0 for r in pool.refs) and pool.n_free == 8
 
 
+def test_truncate_drops_a_drafts_rows_and_blocks():
+    """A draft's rows past what the target kept: truncate gives back the blocks past the kept tokens, keeps
+    the findable full blocks, and refuses to cut into one (its next write would change a cached block)."""
+    pool = BlockPool(8, 4)
+    toks = list(range(6))
+    seq, _ = pool.allocate(toks)
+    for t in range(6, 13):  # seven draft rows: into a fourth block
+        pool.append(seq, list(range(t + 1)))
+    assert len(seq.table) == 4 and pool.n_free == 4
+    pool.written(seq, list(range(13)), 4)  # the first block's tokens are kept and findable
+    pool.truncate(seq, 7)
+    assert seq.n_tokens == 7 and len(seq.table) == 2 and pool.n_free == 6
+    pool.append(seq, list(range(8)))  # grows again from there
+    assert seq.n_tokens == 8 and len(seq.table) == 2
+    with pytest.raises(ValueError, match="findable"):
+        pool.truncate(seq, 3)
+    with pytest.raises(ValueError):
+        pool.truncate(seq, 9)
+    pool.free(seq)
+    assert pool.n_free == 8 and all(r == 0 for r in pool.refs)
+
+
 def test_extend_in_place_is_appends_usual_case():
     """extend_in_place counts a token into the sequence's own last block and refuses (changing nothing) where
     append would open a block or copy a shared one."""

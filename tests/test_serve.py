@@ -170,34 +170,32 @@ def test_disconnect_cancels_the_sequence(server):
     assert m["minfer_generated_tokens_total"] - before["minfer_generated_tokens_total"] < 200
 
 
+def streams_at_once(srv, prompts, n):
+    """Each prompt's greedy completion streamed, all at once from as many threads."""
+    def stream(p):
+        return "".join(ch.choices[0].text for ch in srv.client.completions.create(
+            model="m", prompt=p, max_tokens=n, temperature=0, stream=True))
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as ex:
+        return list(ex.map(stream, prompts))
+
+
 def test_concurrent_streams_each_equal_their_solo_text(server):
     prompts = [f"Item {i}: the" for i in range(32)]
     alone = [solo(server, p, 16).choices[0].text for p in prompts]
-
-    def stream(p):
-        return "".join(ch.choices[0].text for ch in server.client.completions.create(
-            model="m", prompt=p, max_tokens=16, temperature=0, stream=True))
-    with concurrent.futures.ThreadPoolExecutor(32) as ex:
-        together = list(ex.map(stream, prompts))
-    assert together == alone
+    assert streams_at_once(server, prompts, 16) == alone
     m = server.metrics()
     assert m["minfer_kv_blocks_used"] == 0 and m["minfer_requests_running"] == 0
     assert m['minfer_time_to_first_token_seconds_count'] > 0 and m['minfer_inter_token_latency_seconds_count'] > 0
 
 
 def test_lookup_server_gives_the_same_streams(server):
-    """--lookup: every request checks prompt-lookup drafts in its rows of the batch step; concurrent greedy
-    streams over prompts that repeat themselves equal the plain server's, and drafts were kept."""
+    """--lookup and --draft-model: every request checks drafts (prompt lookup's, else the draft model's) in its
+    rows of the batch step; concurrent greedy streams equal the plain server's, and drafts were kept."""
     prompts = [f"{i} one two three {i} one two three {i} one two" for i in range(8)]
     alone = [solo(server, p, 24).choices[0].text for p in prompts]
-    srv = start("--max-sequences", "8", "--lookup")
+    srv = start("--max-sequences", "8", "--lookup", "--draft-model", str(synthetic_model("qwen2-tiny-q4_0")))
     try:
-        def stream(p):
-            return "".join(ch.choices[0].text for ch in srv.client.completions.create(
-                model="m", prompt=p, max_tokens=24, temperature=0, stream=True))
-        with concurrent.futures.ThreadPoolExecutor(8) as ex:
-            together = list(ex.map(stream, prompts))
-        assert together == alone
+        assert streams_at_once(srv, prompts, 24) == alone
         m = srv.metrics()
         assert m["minfer_drafted_tokens_total"] >= m["minfer_accepted_tokens_total"] > 0
     finally:

@@ -237,8 +237,9 @@ def test_vocabulary_check_names_the_difference():
 
 
 def test_draft_settings_are_checked():
-    with pytest.raises(ValueError, match="one sequence at a time"):
-        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", max_sequences=2, draft_model=tiny("qwen2-tiny-f32"))
+    with pytest.raises(ValueError, match="draft_p_min applies to one sequence at a time"):
+        LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", max_sequences=2, draft_model=tiny("qwen2-tiny-f32"),
+            draft_p_min=0.3)
     with pytest.raises(ValueError, match="max_draft"):
         LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", draft_model=tiny("qwen2-tiny-f32"), draft_max=0)
     with pytest.raises(ValueError, match="p_min"):
@@ -301,3 +302,66 @@ def test_draft_length_pauses_where_speculation_does_not_pay():
     assert q.paused() == 0
     q.verified(2, 0, 10.0)
     assert q.paused() == 1
+
+
+def test_the_batch_engine_drafts_for_every_sequence():
+    """A draft model in the batch engine: every sequence's draft in shared steps of the draft, checked in its
+    rows of the target's step.  Greedy sequences give their solo tokens, sampled ones (top-k 4) only tokens
+    among the target's 4 likeliest, with prompt lookup first or not; every block of both pools comes back."""
+    from minfer.batch import Engine
+
+    prompts = PROMPTS + [p + " and" for p in PROMPTS]
+    with Engine(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", max_sequences=8, block_size=16,
+                draft_model=tiny("qwen2-tiny-q4_0")) as eng:
+        hs = [eng.submit(p, max_tokens=40, lookup=i % 2 == 1) for i, p in enumerate(prompts)]
+        hs += [eng.submit(p, max_tokens=40, temperature=0.9, top_k=4, seed=i) for i, p in enumerate(prompts)]
+        outs = [h.result(timeout=300) for h in hs]
+        assert eng._draft.steps > 0
+        assert eng.pool.n_free == eng.pool.n_blocks and eng._draft.pool.n_free == eng._draft.pool.n_blocks
+    drafted = sum(o.metrics.drafted_tokens for o in outs)
+    accepted = sum(o.metrics.accepted_tokens for o in outs)
+    assert drafted > accepted > 0, (drafted, accepted)
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu") as solo:
+        assert [o.tokens for o in outs[:len(prompts)]] == [solo.generate(p, max_tokens=40).tokens for p in prompts]
+        for p, o in zip(prompts, outs[len(prompts):]):
+            ids = solo.tokenize(p)
+            rows = solo.logits(ids + o.tokens[:-1])[len(ids) - 1:]
+            assert all(row[t] >= np.sort(row)[-4] for row, t in zip(rows, o.tokens)), p
+    with LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu", max_sequences=2,
+             draft_model=tiny("qwen2-tiny-f32")) as llm:  # LLM(max_sequences=N) hands the draft to its engine
+        out = llm.generate(PROMPTS[0], max_tokens=24)
+        assert out.metrics.accepted_tokens > 0
+        assert llm.generate(PROMPTS[0], max_tokens=24, draft=False).metrics.drafted_tokens == 0
+
+
+def test_batch_draft_rolls_back_to_what_was_kept():
+    """minfer.batch_draft for two sequences: each proposal is the draft model's own greedy continuation of the
+    sequence (as a lone session computes it), also after a check kept part of the last draft and replaced the
+    rest, the draft's rows past the kept tokens dropped."""
+    from types import SimpleNamespace
+
+    from minfer import engine
+    from minfer.batch_draft import BatchDraft
+
+    target = LLM(tiny("qwen2-tiny-q8_0"), threads=2, backend="cpu")
+    bd = BatchDraft(tiny("qwen2-tiny-q4_0"), target.tokenizer, "target", 256, 2, "cpu", "f16", 1024, 16, 4)
+    lone = engine.Session(engine.Model(tiny("qwen2-tiny-q4_0")), n_ctx=256, threads=2)
+
+    def greedy(tokens, k):
+        out = list(tokens)
+        for _ in range(k):
+            out.append(int(np.argmax(lone.eval(np.asarray(out, np.int32), 0)[-1])))
+        return out[len(tokens):]
+
+    reqs = [SimpleNamespace(all_tokens=target.tokenize(p), kv_draft=None) for p in ("one two three", PROMPTS[0])]
+    for kept in (2, 0, 5):
+        drafts = bd.propose([(r, 5) for r in reqs])
+        for r, d in zip(reqs, drafts):
+            assert d == greedy(r.all_tokens, 5)
+            n = len(r.all_tokens)
+            r.all_tokens = r.all_tokens + d[:kept] + [(d[min(kept, 4)] + 1) % 1000]
+            bd.checked(r, n, kept)
+    for r in reqs:
+        bd.release(r.kv_draft)
+    assert bd.pool.n_free == bd.pool.n_blocks
+    target.close()

@@ -23,6 +23,7 @@ in the engine (a stop ends the sequence), so those requests are detokenized ther
 from __future__ import annotations
 
 import collections
+import os
 import queue
 import threading
 import time
@@ -33,8 +34,10 @@ import numpy as np
 
 from . import _minfer, engine, gguf, hub, tokenizer as tokenizer_mod
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .batch_draft import BatchDraft
 from .kv_blocks import BlockPool, SeqBlocks
 from .lookup import PromptLookup
+from .speculative import MAX_DRAFT, DraftLength
 from .stops import StopText
 
 _DONE = object()  # ends a handle's stream of pieces
@@ -45,10 +48,14 @@ class Request:
     before its next step."""
 
     def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset,
-                 logprobs: int | None = None, lookup: bool = False):
+                 logprobs: int | None = None, lookup: bool = False, draft: int = 0):
         self.prompt = list(ids)
-        self.lookup = PromptLookup(ids) if lookup else None  # speculative decoding's drafts (minfer.lookup)
+        # speculative decoding: drafts from the text itself (minfer.lookup), then from the engine's draft model
+        self.lookup = PromptLookup(ids) if lookup else None
+        self.draft_policy = DraftLength(draft) if draft else None  # draft: the draft model's draft_max
+        self.kv_draft = None  # its state in the draft model's cache (minfer.batch_draft)
         self.draft: list[int] = []  # this step's drafted tokens, checked after it
+        self.draft_from: DraftLength | None = None  # the policy of the proposer that made them
         # None: no log-probabilities; k >= 0: each generated token's, and the k likeliest (token_logprobs)
         self.logprobs = logprobs
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
@@ -157,7 +164,8 @@ class Engine:
 
     def __init__(self, model: str | engine.Model = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "cpu", kv_type: str = "f16", max_sequences: int = 16,
-                 kv_tokens: int | None = None, block_size: int = 32, step_tokens: int = 512, tokenizer=None):
+                 kv_tokens: int | None = None, block_size: int = 32, step_tokens: int = 512, tokenizer=None,
+                 draft_model: str | None = None, draft_max: int = MAX_DRAFT):
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
         if step_tokens < max_sequences:
@@ -184,6 +192,21 @@ class Engine:
             warnings.warn(f"Metal batching: {', '.join(on_cpu)} run on the CPU (the KV pool is in host memory; "
                           "Metal has no paged-KV kernels yet)", RuntimeWarning, stacklevel=2)
         self.max_sequences, self.step_tokens = max_sequences, step_tokens
+        self._draft = None  # speculative decoding with a draft model for every sequence (minfer.batch_draft)
+        self._draft_max = draft_max
+        # speculative steps against plain ones, in seconds: a plain decode step's (moving average), and this
+        # step's draft-model time (DraftLength pauses drafting where it does not pay)
+        self._plain_s: float | None = None
+        self._draft_s = 0.0
+        # whether the draft model pays is judged per step, engine-wide (its steps are shared by every drafting
+        # sequence): seconds per generated token with its drafts against without; where they cost more it
+        # rests for 8, 16 .. 64 steps
+        self._plain_tok_s: float | None = None
+        self._draft_rest = self._draft_rested = 0
+        DraftLength(draft_max)  # ValueError for a bad one, before the load
+        if draft_model is not None:
+            self._draft = BatchDraft(draft_model, tokenizer, os.path.basename(path), self.n_ctx, threads, backend,
+                                     kv_type, kv_tokens, block_size, max_sequences)
         self.pool = BlockPool(self._runner.n_blocks, self._runner.block_size)
         # each running sequence's block table in a row of its own (Request.slot), kept as its blocks change, so a
         # step gathers its tables in one indexing instead of a conversion a sequence
@@ -208,13 +231,14 @@ class Engine:
         return self._runner.placement()
 
     def submit(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
-               parse_special: bool = False, logprobs: int | None = None, lookup: bool = False,
+               parse_special: bool = False, logprobs: int | None = None, lookup: bool = False, draft: bool = True,
                **sampling) -> Request:
         """Queues a request; returns its handle at once.  Bad parameters and prompts that can never fit are
         errors here, before any work.  logprobs=k: each generated token's log-probability and the k likeliest
         tokens' (the handle's token_logprobs; such a sequence's steps return logits to the host).  lookup=True:
         speculative decoding with drafts from the text itself (minfer.lookup), checked in the sequence's rows
-        of the batch step: the same tokens, or the same distribution, in fewer steps."""
+        of the batch step: the same tokens, or the same distribution, in fewer steps; with a draft model (the
+        engine's draft_model), its drafts where lookup has none, unless draft=False."""
         if lookup and logprobs is not None:
             raise ValueError("lookup=True does not take logprobs")
         check_request(max_tokens, sampling)
@@ -233,7 +257,8 @@ class Engine:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
                                      f"{self.pool.n_blocks * self.pool.block_size}")
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
-                      self.tokenizer.special.eog, logprobs, lookup)
+                      self.tokenizer.special.eog, logprobs, lookup,
+                      self._draft_max if draft and self._draft is not None and logprobs is None else 0)
         req._engine = self
         if max_tokens == 0:
             req._finish("length")
@@ -304,6 +329,9 @@ class Engine:
                 f()
 
     def _release(self, r: Request) -> None:
+        if self._draft is not None:
+            self._draft.release(r.kv_draft)
+            r.kv_draft = None
         if r.blocks is not None:
             self.pool.free(r.blocks)
             r.blocks = None
@@ -381,15 +409,37 @@ class Engine:
                     self._tables[r.slot, len(table) - 1] = table[-1]
         batch = [(r, 1) for r in self._running if r.decoding]
         budget = self.step_tokens - len(batch)
+        asks = []  # (request, tokens) to ask the draft model for
         for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
-            if r.lookup is None:
+            r.draft = []
+            if r.lookup is None and r.draft_policy is None:
                 continue
             room = min(len(r.blocks.table) * pool.block_size - r.blocks.n_tokens, budget,
                        r.max_tokens - r.metrics.generated_tokens - 1, self.n_ctx - len(r.all_tokens) - 1)
-            r.draft = r.lookup.propose(room) if room > 0 and pool.refs[r.blocks.table[-1]] == 1 else []
+            if room <= 0 or pool.refs[r.blocks.table[-1]] != 1:
+                continue
+            if r.lookup is not None:
+                r.draft, r.draft_from = r.lookup.propose(room), r.lookup.policy
+            if not r.draft and r.draft_policy is not None and not self._draft_rest and \
+                    (k := r.draft_policy.limit(room)) > 0:
+                asks.append((i, k))
+                continue
             if r.draft:
                 batch[i] = (r, 1 + len(r.draft))
                 budget -= len(r.draft)
+        self._draft_s = 0.0
+        if self._draft_rest:
+            self._draft_rest -= 1
+        if asks and budget > 0:
+            t0 = time.perf_counter()
+            drafts = self._draft.propose([(batch[i][0], min(k, budget)) for i, k in asks])
+            self._draft_s = time.perf_counter() - t0
+            for (i, _), d in zip(asks, drafts):
+                r = batch[i][0]
+                if d and budget > 0:
+                    r.draft, r.draft_from = d[:budget], r.draft_policy
+                    batch[i] = (r, 1 + len(r.draft))
+                    budget -= len(r.draft)
         for r in self._running:
             if budget <= 0:
                 break
@@ -436,6 +486,7 @@ class Engine:
         greedy = all(batch[owner[k]][0].greedy and batch[owner[k]][0].logprobs is None for k in rows)
         lps: dict[int, tuple] = {}
         logits = None
+        t0 = time.perf_counter()
         if greedy:
             picked = runner.step_greedy(*args)
         else:
@@ -448,12 +499,19 @@ class Engine:
                 if r.logprobs is not None:
                     lps[k] = _logprobs(logits[k], int(picked[k]), r.logprobs)
         self.steps += 1
+        step_s = time.perf_counter() - t0
+        if not spec and all(r.decoding for r, _ in batch):  # a plain decode step
+            self._plain_s = step_s if self._plain_s is None else 0.7 * self._plain_s + 0.3 * step_s
+            per = step_s / len(batch)
+            self._plain_tok_s = per if self._plain_tok_s is None else 0.7 * self._plain_tok_s + 0.3 * per
+        step_s += self._draft_s
+        n_before = sum(r.metrics.generated_tokens for r, _ in batch)
         bs = self.pool.block_size
         picked = picked.tolist()
         for i, (r, n) in enumerate(batch):
             k = first[i]
             if i in spec:
-                self._check_draft(r, picked[k:k + n], None if logits is None else logits[k:k + n])
+                self._check_draft(r, picked[k:k + n], None if logits is None else logits[k:k + n], step_s)
                 continue
             r.n_kv += n
             if r.n_kv >= (len(r.blocks.hashes) + 1) * bs:  # a block's rows are all written: findable now
@@ -462,13 +520,21 @@ class Engine:
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
                 self._take(r, picked[k])
+        if self._draft_s and self._plain_tok_s and all(r.decoding for r, _ in batch):
+            made = sum(r.metrics.generated_tokens for r, _ in batch) - n_before
+            if step_s / max(made, 1) > self._plain_tok_s:  # the draft model's step cost more than it gained
+                self._draft_rested = min(64, max(8, 2 * self._draft_rested))
+                self._draft_rest = self._draft_rested
+            else:
+                self._draft_rested = 0
 
-    def _check_draft(self, r: Request, picked: list[int], logits) -> None:
+    def _check_draft(self, r: Request, picked: list[int], logits, seconds: float) -> None:
         """A sequence's rows [last token, d1..dk]: its drafts kept in turn while the sampler agrees (greedy: the
         row's argmax, else Sampler.verify), then the sampler's own token; each taken as it is decided, so the
         penalty window and a stop see every token before the next."""
-        draft, policy = r.draft, r.lookup.policy
+        draft, policy = r.draft, r.draft_from
         r.draft = []
+        n_sequence = r.n_kv + 1  # the tokens before the draft
         r.n_kv += 1  # the last token's K/V
         kept = 0
         for j in range(len(draft) + 1):
@@ -483,7 +549,11 @@ class Engine:
                 break
             r.n_kv += 1  # a kept draft token's K/V was computed in this step
             r.blocks.n_tokens += 1
-        policy.verified(len(draft), kept)
+        if self._plain_s is not None:
+            policy.plain_step(self._plain_s)
+        policy.verified(len(draft), kept, seconds)
+        if policy is r.draft_policy and r.kv_draft is not None:
+            self._draft.checked(r, n_sequence, kept)
         r.metrics.drafted_tokens += len(draft)
         r.metrics.accepted_tokens += kept
         if r.blocks is not None and r.n_kv >= (len(r.blocks.hashes) + 1) * self.pool.block_size:

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 from . import _minfer, engine, gguf, tokenizer
+from .generation import reusable_prefix
 from .speculative import MAX_DRAFT, DraftLength, Proposer
 
 
@@ -96,12 +97,7 @@ class DraftRun(Proposer):
     def _catch_up(self):
         """Evaluates the sequence's tokens the draft's cache lacks (at least the last); its next logits."""
         d, ts = self.draft, self.tokens
-        keep = 0
-        for a, b in zip(d.cached, ts):
-            if a != b:
-                break
-            keep += 1
-        keep = min(keep, len(ts) - 1)
+        keep = reusable_prefix(d.cached, ts)
         d.cached = d.cached[:keep]
         logits = d.session.eval(_ids(ts[keep:]), keep)
         d.cached = list(ts)

@@ -63,3 +63,14 @@ def make_sampler(n_vocab: int, sampling: dict, prompt=()):
     for t in prompt:  # the prompt counts for the repetition penalties
         sampler.accept(int(t))
     return sampler
+
+
+def reusable_prefix(cached: list[int], tokens: list[int]) -> int:
+    """How many leading tokens a KV cache holding `cached` can keep for `tokens`: their common prefix, leaving
+    at least one token to evaluate (its logits are the next token's)."""
+    keep = 0
+    for a, b in zip(cached, tokens):
+        if a != b:
+            break
+        keep += 1
+    return min(keep, len(tokens) - 1)

@@ -143,6 +143,19 @@ class BlockPool:
                 self._by_hash[h] = b
                 self._hash_of[b] = h
 
+    def truncate(self, seq: SeqBlocks, n_tokens: int) -> None:
+        """The sequence keeps only its first n_tokens (a speculative draft's rows past them are dropped): the
+        blocks past those tokens go back, and hashes of blocks no longer full are forgotten."""
+        if not 0 <= n_tokens <= seq.n_tokens:
+            raise ValueError(f"truncate: {n_tokens} tokens of a sequence covering {seq.n_tokens}")
+        if n_tokens < len(seq.hashes) * self.block_size:  # its next write would change a findable block
+            raise ValueError(f"truncate: {n_tokens} tokens would cut a full, findable block")
+        keep = self.blocks_for(n_tokens)
+        tail = SeqBlocks(seq.table[keep:])
+        del seq.table[keep:]
+        self.free(tail)
+        seq.n_tokens = n_tokens
+
     def fork(self, seq: SeqBlocks) -> SeqBlocks:
         """A second sequence with the same tokens (n samples of one prompt): every block shared; the first
         write to a shared partial block copies it (append)."""

@@ -27,7 +27,7 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
-from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler, reusable_prefix
 from .draft import DraftModel
 from .lookup import PromptLookup
 from .speculative import MAX_DRAFT, DraftLength, FirstOf, Verification
@@ -47,18 +47,21 @@ GREEDY_CHUNK = 16
 class LLM:
     """max_sequences > 1: calls from several threads run batched (minfer.batch.Engine: continuous batching
     over a paged KV cache) instead of one after another.  draft_model: a small model with the same vocabulary
-    that drafts up to draft_max tokens per step, stopping where its top probability is below draft_p_min, for
-    speculative decoding (minfer.draft; one sequence at a time)."""
+    that drafts up to draft_max tokens per step for speculative decoding (minfer.draft; with max_sequences,
+    minfer.batch_draft: greedy drafts for every sequence in shared steps); one sequence at a time, it stops
+    where its top probability is below draft_p_min (default 0.5)."""
 
     def __init__(self, model: str | os.PathLike = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "auto", kv_type: str = "f16", max_sequences: int = 1,
-                 draft_model: str | os.PathLike | None = None, draft_max: int = MAX_DRAFT, draft_p_min: float = 0.5):
+                 draft_model: str | os.PathLike | None = None, draft_max: int = MAX_DRAFT,
+                 draft_p_min: float | None = None):
         if backend not in ("auto", "cpu", "cuda", "metal"):
             raise ValueError(f"backend must be 'auto', 'cpu', 'cuda' or 'metal', got {backend!r}")
         if max_sequences < 1:
             raise ValueError(f"max_sequences must be >= 1, got {max_sequences}")
-        if draft_model is not None and max_sequences > 1:
-            raise ValueError("draft_model runs one sequence at a time: it does not take max_sequences > 1")
+        if draft_p_min is not None and max_sequences > 1:
+            raise ValueError("draft_p_min applies to one sequence at a time: the batch engine's draft model takes "
+                             "its argmax on the device, without probabilities")
         self.path = engine.resolve(model)
         t0 = time.perf_counter()
         self._file = gguf.open(self.path)
@@ -71,14 +74,16 @@ class LLM:
         self._session, self._engine, self._closed = None, None, False
         if max_sequences > 1:
             self._engine = batch.Engine(self.path, n_ctx=n_ctx, threads=threads, backend=backend, kv_type=kv_type,
-                                        max_sequences=max_sequences, tokenizer=self.tokenizer)
+                                        max_sequences=max_sequences, tokenizer=self.tokenizer,
+                                        draft_model=draft_model, draft_max=draft_max)
         else:
             self._session = self._new_session()
         self._draft = None
         self._lookup_policy = DraftLength(MAX_DRAFT)  # carried over from call to call, as the draft model's
-        if draft_model is not None:
+        if draft_model is not None and self._engine is None:
             self._draft = DraftModel(draft_model, self.tokenizer, os.path.basename(self.path), self._session.n_ctx,
-                                     threads, backend, kv_type, max_draft=draft_max, p_min=draft_p_min)
+                                     threads, backend, kv_type, max_draft=draft_max,
+                                     p_min=0.5 if draft_p_min is None else draft_p_min)
         self._handles: set = set()      # the engine's requests in flight (cancel() stops them)
         self._template = self._file.metadata.get("tokenizer.chat_template")
         self._n_vocab = self._model.config["n_vocab"]
@@ -204,8 +209,8 @@ class LLM:
             raise _minfer.MinferError("this LLM is closed")
         ids = self._check_prompt(ids, room=1 if max_tokens else 0)
         if self._engine is not None:
-            return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, lookup=lookup, **sampling),
-                              tokens_out)
+            return _Submitted(self, self._engine.submit(ids.tolist(), max_tokens, stop, lookup=lookup, draft=draft,
+                                                        **sampling), tokens_out)
         sampling = dict(sampling)
         if sampling.get("seed") is None:  # one seed for the sampler and the draft's
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")
@@ -254,13 +259,7 @@ class _Generation:
             sess = llm._live()
             t0 = time.perf_counter()
             ids = self.ids.tolist()
-            # reuse the KV of the longest prefix shared with the previous call (at least one token to evaluate)
-            keep = 0
-            for a, b in zip(llm._cached, ids):
-                if a != b:
-                    break
-                keep += 1
-            keep = min(keep, len(ids) - 1)
+            keep = reusable_prefix(llm._cached, ids)  # the KV of the prefix shared with the previous call
             m.cached_tokens = keep
             llm._cached = llm._cached[:keep]
             logits = sess.eval(np.asarray(ids[keep:], np.int32), keep)

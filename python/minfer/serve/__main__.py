@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..speculative import MAX_DRAFT
+
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m minfer.serve", description="An OpenAI-compatible server.")
@@ -21,6 +23,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"])
     ap.add_argument("--lookup", action="store_true",
                     help="speculative decoding with prompt lookup for every request without logprobs (same output)")
+    ap.add_argument("--draft-model", default=None,
+                    help="a small model with the same vocabulary drafting for every request (same output)")
+    ap.add_argument("--draft-max", type=int, default=MAX_DRAFT, help="tokens the draft model proposes per step at most")
     ap.add_argument("--model-id", default=None, help="the name /v1/models reports (default: the file's)")
     ap.add_argument("--drain", type=float, default=30.0,
                     help="seconds running requests get to finish after SIGTERM before they are cancelled")
@@ -37,7 +42,8 @@ def main(argv=None) -> int:
     _Server = _server_class()
     server = Server(a.model or hub.DEFAULT_MODEL, n_ctx=a.ctx, threads=a.threads, backend=a.backend,
                     max_sequences=a.max_sequences, max_queue=a.max_queue, api_key=a.api_key,
-                    kv_tokens=a.kv_tokens, model_id=a.model_id, lookup=a.lookup)
+                    kv_tokens=a.kv_tokens, model_id=a.model_id, lookup=a.lookup, draft_model=a.draft_model,
+                    draft_max=a.draft_max)
     print(f"minfer: serving {server.model_id} at http://{a.host}:{a.port}/v1 (ready when /health says ok)",
           flush=True)
     config = uvicorn.Config(build_app(server), host=a.host, port=a.port, log_level="warning",

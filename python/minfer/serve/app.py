@@ -23,6 +23,7 @@ from starlette.routing import Route
 from .. import _minfer, chat as chat_mod, engine as engine_mod, gguf, tokenizer as tokenizer_mod
 from ..batch import Engine
 from ..generation import ContextLengthError
+from ..speculative import MAX_DRAFT
 from . import openai_api as api
 from .metrics import Metrics
 
@@ -32,12 +33,13 @@ class Server:
 
     def __init__(self, model: str, n_ctx: int | None = None, threads: int | None = None, backend: str = "auto",
                  max_sequences: int = 16, max_queue: int = 256, api_key: str | None = None,
-                 kv_tokens: int | None = None, model_id: str | None = None, lookup: bool = False):
+                 kv_tokens: int | None = None, model_id: str | None = None, lookup: bool = False,
+                 draft_model: str | None = None, draft_max: int = MAX_DRAFT):
         self.model, self.api_key, self.max_queue = model, api_key, max_queue
         self.lookup = lookup  # prompt-lookup drafts for every request that asks no logprobs (minfer.lookup)
         self.model_id = model_id or os.path.basename(str(model)).removesuffix(".gguf")
         self._engine_args = dict(n_ctx=n_ctx, threads=threads, backend=backend, max_sequences=max_sequences,
-                                 kv_tokens=kv_tokens)
+                                 kv_tokens=kv_tokens, draft_model=draft_model, draft_max=draft_max)
         self.engine: Engine | None = None
         self.template: str | None = None
         self.load_error: BaseException | None = None
