@@ -198,11 +198,13 @@ class Engine:
         # step's draft-model time (DraftLength pauses drafting where it does not pay)
         self._plain_s: float | None = None
         self._draft_s = 0.0
-        # whether the draft model pays is judged per step, engine-wide (its steps are shared by every drafting
-        # sequence): seconds per generated token with its drafts against without; where they cost more it
-        # rests for 8, 16 .. 64 steps
+        # whether speculation pays is judged per step, engine-wide (a step's draft rows and the draft model's
+        # steps delay every sequence in it): seconds per generated token of a step with drafts against one
+        # without; where they cost more, no sequence drafts for 8, 16 .. 64 steps.  A rest does not spare the
+        # draft model the tokens it did not see (it reads them when it drafts again), so after two such steps of
+        # its drafts in a row the running sequences stop using it (new requests try again).
         self._plain_tok_s: float | None = None
-        self._draft_rest = self._draft_rested = 0
+        self._spec_rest = self._spec_rested = self._draft_losses = 0
         DraftLength(draft_max)  # ValueError for a bad one, before the load
         if draft_model is not None:
             self._draft = BatchDraft(draft_model, tokenizer, os.path.basename(path), self.n_ctx, threads, backend,
@@ -412,7 +414,7 @@ class Engine:
         asks = []  # (request, tokens) to ask the draft model for
         for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
             r.draft = []
-            if r.lookup is None and r.draft_policy is None:
+            if self._spec_rest or (r.lookup is None and r.draft_policy is None):
                 continue
             room = min(len(r.blocks.table) * pool.block_size - r.blocks.n_tokens, budget,
                        r.max_tokens - r.metrics.generated_tokens - 1, self.n_ctx - len(r.all_tokens) - 1)
@@ -420,16 +422,15 @@ class Engine:
                 continue
             if r.lookup is not None:
                 r.draft, r.draft_from = r.lookup.propose(room), r.lookup.policy
-            if not r.draft and r.draft_policy is not None and not self._draft_rest and \
-                    (k := r.draft_policy.limit(room)) > 0:
+            if not r.draft and r.draft_policy is not None and (k := r.draft_policy.limit(room)) > 0:
                 asks.append((i, k))
                 continue
             if r.draft:
                 batch[i] = (r, 1 + len(r.draft))
                 budget -= len(r.draft)
         self._draft_s = 0.0
-        if self._draft_rest:
-            self._draft_rest -= 1
+        if self._spec_rest:
+            self._spec_rest -= 1
         if asks and budget > 0:
             t0 = time.perf_counter()
             drafts = self._draft.propose([(batch[i][0], min(k, budget)) for i, k in asks])
@@ -520,13 +521,20 @@ class Engine:
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
                 self._take(r, picked[k])
-        if self._draft_s and self._plain_tok_s and all(r.decoding for r, _ in batch):
+        if spec and self._plain_tok_s and all(r.decoding for r, _ in batch):
             made = sum(r.metrics.generated_tokens for r, _ in batch) - n_before
-            if step_s / max(made, 1) > self._plain_tok_s:  # the draft model's step cost more than it gained
-                self._draft_rested = min(64, max(8, 2 * self._draft_rested))
-                self._draft_rest = self._draft_rested
+            if step_s / max(made, 1) > self._plain_tok_s:  # the drafts cost more than they gained
+                self._spec_rested = min(64, max(8, 2 * self._spec_rested))
+                self._spec_rest = self._spec_rested
+                self._draft_losses = self._draft_losses + 1 if self._draft_s else 0
+                if self._draft_losses >= 2:
+                    for r in self._running:
+                        r.draft_policy = None
+                        self._draft.release(r.kv_draft)
+                        r.kv_draft = None
+                    self._draft_losses = 0
             else:
-                self._draft_rested = 0
+                self._spec_rested = self._draft_losses = 0
 
     def _check_draft(self, r: Request, picked: list[int], logits, seconds: float) -> None:
         """A sequence's rows [last token, d1..dk]: its drafts kept in turn while the sampler agrees (greedy: the
