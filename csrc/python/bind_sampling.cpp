@@ -17,8 +17,7 @@ void bind_sampling(py::module_& m) {
         .def_readonly("probs", &Distribution::probs)
         .def_property_readonly("top_prob", [](const Distribution& d) {
             return d.probs.empty() ? 0.0 : *std::max_element(d.probs.begin(), d.probs.end());
-        }, "the largest probability: how sure a sampled draft is")
-        .def("__len__", [](const Distribution& d) { return d.ids.size(); });
+        }, "the largest probability: how sure a sampled draft is");
     py::class_<Sampler>(m, "Sampler")
         .def(py::init([](int n_vocab, float temperature, int top_k, float top_p, float min_p, float repeat_penalty,
                          float presence_penalty, float frequency_penalty, int penalty_last_n, py::dict logit_bias,
@@ -55,8 +54,6 @@ void bind_sampling(py::module_& m) {
            "speculative sampling: `draft` if kept, else the token drawn in its place; q=None: the draft was "
            "proposed deterministically (prompt lookup)")
         .def("accept", &Sampler::accept, py::arg("token"), "record a generated token (penalty window)")
-        .def("set_history", &Sampler::set_history, py::arg("tokens"),
-             "the penalty window becomes the last penalty_last_n of these tokens")
         .def("reset", &Sampler::reset)
         .def_property_readonly("greedy", &Sampler::greedy,
                                "every token is the argmax of the logits as they are (no temperature, bias or penalty)");

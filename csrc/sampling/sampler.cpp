@@ -55,12 +55,6 @@ double Sampler::uniform() {
     return double(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
-void Sampler::set_history(const std::vector<int>& tokens) {
-    history_.clear();
-    const size_t n = std::min(tokens.size(), size_t(p_.penalty_last_n));
-    history_.insert(history_.end(), tokens.end() - long(n), tokens.end());
-}
-
 void Sampler::prepare(const float* logits, int n_vocab) {
     if (n_vocab != n_vocab_)
         throw MinferError(strfmt("sampler: %d logits for a vocabulary of %d", n_vocab, n_vocab_));

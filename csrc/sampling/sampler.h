@@ -61,7 +61,6 @@ class Sampler {
     // mass at it).  Returns `draft` if kept, else the token drawn in its place (never `draft`).
     int verify(const float* logits, int n_vocab, int draft, const Distribution* q);
     void accept(int token);
-    void set_history(const std::vector<int>& tokens);  // the penalty window is the last tokens of these
     void reset();  // history and generator back to the start
     const SamplerParams& params() const { return p_; }
     // Whether every token is the plain argmax of the logits (temperature 0, no bias, no penalties): then

@@ -458,7 +458,9 @@ class Engine:
         # positions: every row's K/V is stored before any row attends, so each row sees the ones before it,
         # and the step returns (or picks from) every row's logits.
         tokens, positions, lens, slots, owner = [], [], [], [], []
+        first = []  # batch index -> its first row of the step's output
         for i, (r, n) in enumerate(batch):
+            first.append(len(owner))
             if r.decoding and r.draft:
                 for j, t in enumerate([r.all_tokens[r.n_kv]] + r.draft):
                     tokens.append(t)
@@ -478,9 +480,6 @@ class Engine:
             owner.append(i)
         tables = self._tables[slots]  # entries past a sequence's last block are ignored
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
-        first = {}  # batch index -> its first row of the step's output
-        for row, i in enumerate(owner):
-            first.setdefault(i, row)
         # rows that sample: a decode row, or a prompt's last chunk
         rows = [first[i] for i, (r, n) in enumerate(batch) if r.decoding or r.n_kv + n == len(r.all_tokens)]
         spec = {i for i, (r, _) in enumerate(batch) if r.decoding and r.draft}
@@ -501,12 +500,14 @@ class Engine:
                     lps[k] = _logprobs(logits[k], int(picked[k]), r.logprobs)
         self.steps += 1
         step_s = time.perf_counter() - t0
-        if not spec and all(r.decoding for r, _ in batch):  # a plain decode step
+        decode_only = all(r.decoding for r, _ in batch)
+        if not spec and decode_only:  # a plain decode step
             self._plain_s = step_s if self._plain_s is None else 0.7 * self._plain_s + 0.3 * step_s
             per = step_s / len(batch)
             self._plain_tok_s = per if self._plain_tok_s is None else 0.7 * self._plain_tok_s + 0.3 * per
         step_s += self._draft_s
-        n_before = sum(r.metrics.generated_tokens for r, _ in batch)
+        judged = bool(spec) and decode_only and self._plain_tok_s is not None  # does this step's speculation pay?
+        n_before = sum(r.metrics.generated_tokens for r, _ in batch) if judged else 0
         bs = self.pool.block_size
         picked = picked.tolist()
         for i, (r, n) in enumerate(batch):
@@ -521,7 +522,7 @@ class Engine:
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
                 self._take(r, picked[k])
-        if spec and self._plain_tok_s and all(r.decoding for r, _ in batch):
+        if judged:
             made = sum(r.metrics.generated_tokens for r, _ in batch) - n_before
             if step_s / max(made, 1) > self._plain_tok_s:  # the drafts cost more than they gained
                 self._spec_rested = min(64, max(8, 2 * self._spec_rested))

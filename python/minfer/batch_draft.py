@@ -14,8 +14,7 @@ import os
 
 import numpy as np
 
-from . import _minfer, engine, gguf, tokenizer as tokenizer_mod
-from .draft import VocabularyMismatch, check_vocabulary
+from . import _minfer, draft
 from .kv_blocks import BlockPool, SeqBlocks
 
 
@@ -32,13 +31,7 @@ class BatchDraft:
     def __init__(self, model: str | os.PathLike, target_tokenizer, target_name: str, n_ctx: int,
                  threads: int | None, backend: str, kv_type: str, kv_tokens: int, block_size: int,
                  max_sequences: int):
-        path = engine.resolve(model)
-        with gguf.open(path) as f:
-            tok = tokenizer_mod.from_gguf(f)
-        check_vocabulary(target_tokenizer, tok, target_name, os.path.basename(path))
-        m = engine.Model(path)
-        if m.config["n_vocab"] != len(tok.tokens):
-            raise VocabularyMismatch(f"draft model {path}: {m.config['n_vocab']} logits for {len(tok.tokens)} tokens")
+        _, m = draft.load(model, target_tokenizer, target_name)
         self.runner = _minfer.BatchRunner(m, n_ctx=n_ctx, threads=threads or 0, kv_type=kv_type,
                                           device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
                                           block_size=block_size)

@@ -43,6 +43,18 @@ def check_vocabulary(target, draft, target_name: str, draft_name: str) -> None:
             raise VocabularyMismatch(f"{where}: special {field} is {b} in the draft and {a} in the target")
 
 
+def load(model: str | os.PathLike, target_tokenizer, target_name: str):
+    """(path, engine.Model) of a draft model whose vocabulary is the target's (VocabularyMismatch otherwise)."""
+    path = engine.resolve(model)
+    with gguf.open(path) as f:
+        tok = tokenizer.from_gguf(f)
+    check_vocabulary(target_tokenizer, tok, target_name, os.path.basename(path))
+    m = engine.Model(path)
+    if m.config["n_vocab"] != len(tok.tokens):
+        raise VocabularyMismatch(f"draft model {path}: {m.config['n_vocab']} logits for {len(tok.tokens)} tokens")
+    return path, m
+
+
 class DraftModel:
     """The loaded draft (its weights and one session); `run()` makes the proposer for one generation."""
 
@@ -51,14 +63,7 @@ class DraftModel:
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {p_min}")
         DraftLength(max_draft)  # ValueError for a bad max_draft, before the load
-        self.path = engine.resolve(model)
-        with gguf.open(self.path) as f:
-            tok = tokenizer.from_gguf(f)
-        check_vocabulary(target_tokenizer, tok, target_name, os.path.basename(self.path))
-        self.model = engine.Model(self.path)
-        if self.model.config["n_vocab"] != len(tok.tokens):
-            raise VocabularyMismatch(f"draft model {self.path}: {self.model.config['n_vocab']} logits for "
-                                     f"{len(tok.tokens)} tokens")
+        self.path, self.model = load(model, target_tokenizer, target_name)
         self.session = engine.Session(self.model, n_ctx=n_ctx, threads=threads or 0, kv_type=kv_type,
                                       device="" if backend == "auto" else backend)
         self.max_draft, self.p_min = max_draft, p_min

@@ -27,8 +27,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
-from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler, reusable_prefix
 from .draft import DraftModel
+from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler, reusable_prefix
 from .lookup import PromptLookup
 from .speculative import MAX_DRAFT, DraftLength, FirstOf, Verification
 from .stops import StopText
