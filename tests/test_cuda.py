@@ -706,3 +706,46 @@ def test_compute_sanitizer_decode_step(tool, what, tmp_path):
     out = r.stdout + r.stderr
     assert r.returncode == 0 and "done" in out, out[-3000:]
     assert "ERROR SUMMARY: 0 errors" in out or "RACECHECK SUMMARY: 0 hazards" in out, out[-3000:]
+
+
+def test_constrained_generation_on_the_device(q05_model):
+    """JSON-schema output on CUDA (the 0.5B layout, random weights: it would emit anything): one sequence (greedy:
+    the device's argmax among the allowed, the mask computed while the step runs; sampled: the host sampler) and
+    the batch engine with a plain request beside; every output validates, and each greedy token is the best the
+    grammar allows in the device's own logits for the whole output (within the prefill/decode rounding)."""
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    llg = pytest.importorskip("llguidance")
+    from minfer import constrain
+    from minfer.batch import Engine
+    from minfer.llm import LLM
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                               "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3},
+                                               "n": {"type": "integer", "minimum": 0, "maximum": 999}},
+              "required": ["name", "tags", "n"], "additionalProperties": False}
+    path = str(layout_model("qwen2.5-coder-0.5b-instruct-q4_k_m"))
+    with LLM(path, backend="cuda") as llm:
+        prompt = llm.tokenize("Hello")
+        out = llm.generate(prompt, max_tokens=80, json_schema=schema)
+        assert out.metrics.stop_reason == "stop", out.text
+        jsonschema.validate(json.loads(out.text), schema)
+        sampled = llm.generate(prompt, max_tokens=80, json_schema=schema, temperature=1.0, seed=2)
+        jsonschema.validate(json.loads(sampled.text), schema)
+        logits = llm.logits(prompt + out.tokens)
+        m = llg.LLMatcher(constrain.vocabulary(llm.tokenizer, llm.n_vocab),
+                          constrain.compile_constraint("json_schema", schema).grammar)
+        for i, tok in enumerate(out.tokens):
+            row = logits[len(prompt) - 1 + i]
+            ok = np.flatnonzero(np.unpackbits(np.frombuffer(m.compute_bitmask(), np.uint8), bitorder="little")
+                                [:llm.n_vocab])
+            assert tok in ok and row[tok] >= row[ok].max() - 3e-2 * np.abs(row).max()
+            assert m.consume_token(tok)
+    with Engine(path, backend="cuda", max_sequences=4) as eng:
+        hs = [eng.submit(prompt, max_tokens=80, json_schema=schema), eng.submit(prompt, max_tokens=16),
+              eng.submit(prompt, max_tokens=80, json_schema=schema, temperature=1.0, seed=5)]
+        outs = [h.result() for h in hs]
+        for o in (outs[0], outs[2]):
+            jsonschema.validate(json.loads(o.text), schema)
+        assert outs[1].metrics.generated_tokens == 16

@@ -48,12 +48,15 @@ class Backend {
     virtual void write_host(int id, size_t offset, const float* src, size_t n) = 0;
     virtual void synchronize() = 0;
     // Index of the largest of n floats at (id, offset), the first on ties:
-    // greedy decoding's only read-back.  Default: read_host, then a scan.
-    virtual int argmax(int id, size_t offset, size_t n);
+    // greedy decoding's only read-back.  allow: nullptr, or constrained decoding's bitmask of the indices that
+    // may win (bit i of allow[i / 32]; the caller checks that one is set).  Default: read_host, then a scan.
+    virtual int argmax(int id, size_t offset, size_t n, const uint32_t* allow = nullptr);
     // The argmax of each of `rows` rows of n floats, ld apart, from (id, offset), into out[0..rows): a batch
-    // step's greedy tokens.  Default: argmax row by row.
-    virtual void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) {
-        for (int r = 0; r < rows; r++) out[r] = argmax(id, offset + size_t(r) * ld, n);
+    // step's greedy tokens (allow: rows of ceil(n / 32) words, or nullptr).  Default: argmax row by row.
+    virtual void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
+                             const uint32_t* allow = nullptr) {
+        for (int r = 0; r < rows; r++)
+            out[r] = argmax(id, offset + size_t(r) * ld, n, allow ? allow + size_t(r) * ((n + 31) / 32) : nullptr);
     }
     // Greedy decode chained on the device, for `steps` steps: step() enqueues one decode step, then the
     // argmax of n floats at (id, offset) is written into the token input (token_id) as the next step's

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "common/error.h"
+#include "sampling/scan.h"
 
 namespace minfer {
 
@@ -19,11 +20,12 @@ bool op_in_place_ok(Op op) {
     }
 }
 
-int Backend::argmax(int id, size_t offset, size_t n) {
+int Backend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     std::vector<float> v(n);
     read_host(id, offset, v.data(), n);
     for (size_t i = 0; i < n; i++)
         if (std::isnan(v[i])) throw MinferError(strfmt("argmax: logit %zu is NaN (the model produced NaN)", i));
+    if (allow) return first_argmax_allowed(v.data(), int(n), allow);
     return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima
 }
 

@@ -132,9 +132,9 @@ void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const in
 }
 
 void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                              const int32_t* tables, int32_t* out) {
+                              const int32_t* tables, int32_t* out, const Plan::AllowFn& allow) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
-    pl.argmax_rows(pl.graph().output, out);
+    pl.argmax_rows(pl.graph().output, out, allow ? allow() : nullptr);
 }
 
 void BatchRunner::prepare(int max_seqs) {

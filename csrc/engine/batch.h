@@ -30,9 +30,10 @@ class BatchRunner {
     // sequence's last block are ignored).  logits: [n_seqs, n_vocab], each sequence's last row.
     void step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
               const int32_t* tables, float* logits);
-    // The same step; out[s] is the argmax of sequence s's logits, found where they were computed.
+    // The same step; out[s] is the argmax of sequence s's logits, found where they were computed, among the
+    // tokens row s of `allow`'s masks permits ([n_seqs] rows of ceil(n_vocab / 32) words).
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                     const int32_t* tables, int32_t* out);
+                     const int32_t* tables, int32_t* out, const Plan::AllowFn& allow = {});
     // Builds now the plans that steps of up to max_seqs sequences take (a decode plan and a mixed one per power of
     // two), so that a server's memory is all taken at start rather than as rarer step shapes first come.
     void prepare(int max_seqs);

@@ -45,10 +45,10 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     std::memcpy(out, logits.data(), size_t(o.rows) * size_t(o.cols) * sizeof(float));
 }
 
-int Session::eval_greedy(const int32_t* tokens, int n, int start_pos) {
+int Session::eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan::AllowFn& allow) {
     // The argmax waits for the step itself: no synchronize between them (the output is the last split's).
     Plan& pl = run_step(tokens, n, start_pos, false, false);
-    return pl.argmax_last_row(pl.graph().output);
+    return pl.argmax_last_row(pl.graph().output, allow ? allow() : nullptr);
 }
 
 void Session::decode_greedy(int token, int start_pos, int steps, int32_t* out) {

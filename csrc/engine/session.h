@@ -23,8 +23,8 @@ class Session {
     // [n, n_vocab] if all_logits, else [1, n_vocab] (the last position).
     void eval(const int32_t* tokens, int n, int start_pos, bool all_logits, float* out);
     // The same step, returning only the most likely next token (argmax of the
-    // last position's logits, found on the device that computed them).
-    int eval_greedy(const int32_t* tokens, int n, int start_pos);
+    // last position's logits, found on the device that computed them), among the tokens `allow` permits.
+    int eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan::AllowFn& allow = {});
     // `steps` greedy one-token steps from `token` at start_pos (Scheduler::greedy_chain).
     void decode_greedy(int token, int start_pos, int steps, int32_t* out);
 

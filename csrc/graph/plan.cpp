@@ -9,6 +9,7 @@
 #include "backends/kv_format.h"
 #include "quant/types.h"
 #include "common/error.h"
+#include "sampling/scan.h"
 
 namespace minfer {
 
@@ -158,17 +159,29 @@ void Plan::allocate(bool keep_all) {
     }
 }
 
-int Plan::argmax_last_row(int node) { return argmax_row(node, graph_.nodes.at(size_t(node)).rows - 1); }
-
-void Plan::argmax_rows(int node, int32_t* out) {
-    const Node& n = graph_.nodes.at(size_t(node));
-    backend(n.backend)->argmax_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), out);
+int Plan::argmax_last_row(int node, const uint32_t* allow) {
+    return argmax_row(node, graph_.nodes.at(size_t(node)).rows - 1, allow);
 }
 
-int Plan::argmax_row(int node, int row) {
+namespace {
+void check_allowed(const uint32_t* allow, int rows, int cols) {
+    for (int r = 0; allow && r < rows; r++)
+        if (!any_allowed(allow + size_t(r) * size_t((cols + 31) / 32), cols))
+            throw MinferError(strfmt("argmax: the constraint of row %d allows no token", r));
+}
+}  // namespace
+
+void Plan::argmax_rows(int node, int32_t* out, const uint32_t* allow) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    check_allowed(allow, n.rows, n.cols);
+    backend(n.backend)->argmax_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), out, allow);
+}
+
+int Plan::argmax_row(int node, int row, const uint32_t* allow) {
     const Node& n = graph_.nodes.at(size_t(node));
     if (row < 0 || row >= n.rows) throw MinferError(strfmt("argmax_row: row %d of %d", row, n.rows));
-    return backend(n.backend)->argmax(buf_[size_t(node)], size_t(row) * size_t(n.cols), size_t(n.cols));
+    check_allowed(allow, 1, n.cols);
+    return backend(n.backend)->argmax(buf_[size_t(node)], size_t(row) * size_t(n.cols), size_t(n.cols), allow);
 }
 
 bool Plan::chain_inputs(int* tok, int* pos) const {

@@ -15,6 +15,7 @@
 // split's backend when the caller reads its result through that backend anyway
 // (eval_greedy: the argmax is enqueued behind the step, one wait instead of two).
 #pragma once
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -56,9 +57,14 @@ class Plan {
     // The output of `node` after execute (only meaningful for live outputs, or with keep_all).
     std::vector<float> read_node(int node);
     // argmax over the last row of `node`'s output, computed where the node ran.
-    int argmax_last_row(int node);
-    int argmax_row(int node, int row);
-    void argmax_rows(int node, int32_t* out);  // every row's, where the node ran
+    // Constrained decoding: a function called once a step is launched (on a GPU, while it runs) that returns the
+    // token bitmask its argmax keeps to, or nullptr for none.
+    using AllowFn = std::function<const uint32_t*()>;
+    // allow: nullptr, or constrained decoding's token bitmask (a row of ceil(cols / 32) words per output row;
+    // MinferError where a row allows no token).
+    int argmax_last_row(int node, const uint32_t* allow = nullptr);
+    int argmax_row(int node, int row, const uint32_t* allow = nullptr);
+    void argmax_rows(int node, int32_t* out, const uint32_t* allow = nullptr);  // every row's, where the node ran
     // Greedy decode of `steps` one-token steps chained on the backend (Backend::greedy_chain): the
     // token and position inputs must hold the first step's.  out[i] is step i's argmax of the output's
     // last row.  false, having run nothing: the plan is not one split on one backend with one token and

@@ -58,17 +58,21 @@ void bind_batch(py::module_& m) {
         }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
            "one step: sequence s has seq_lens[s] consecutive rows; returns [n_seqs, n_vocab] logits of each "
            "sequence's last row")
-        .def("step_greedy", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
+        .def("step_greedy", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
+                               const py::object& allow) {
             StepArgs a = step_args(b, tokens, positions, seq_lens, tables);
             py::array_t<int32_t> out(py::ssize_t{a.n_seqs});
             int32_t* o = out.mutable_data();
+            py::object hold;
+            const Plan::AllowFn fn = allow_fn(allow, a.n_seqs, b.scheduler().model().config().n_vocab, hold);
             {
                 py::gil_scoped_release nogil;
-                b.step_greedy(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o);
+                b.step_greedy(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o, fn);
             }
             return out;
-        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
-           "the same step; returns each sequence's argmax token")
+        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"), py::arg("allow") = py::none(),
+           "the same step; returns each sequence's argmax token, among those its row of `allow` permits ([n_seqs, "
+           "words] token bitmasks, or a callable returning them, called while the step runs)")
         .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"),
              "copies a block's KV rows in every layer (copy-on-write)")
         .def_property_readonly("n_blocks", &BatchRunner::n_blocks)

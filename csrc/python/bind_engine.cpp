@@ -110,13 +110,16 @@ void bind_engine(py::module_& m) {
             return out;
         }, py::arg("tokens"), py::arg("start_pos"), py::arg("all_logits") = false,
            "logits [n, vocab] (all_logits) or [1, vocab] for tokens at positions start_pos..")
-        .def("eval_greedy", [](Session& s, I32Array tokens, int start_pos) {
+        .def("eval_greedy", [](Session& s, I32Array tokens, int start_pos, const py::object& allow) {
             const int n = int(tokens.size());
             const int32_t* t = tokens.data();
+            py::object hold;
+            const Plan::AllowFn fn = allow_fn(allow, 1, s.model().config().n_vocab, hold);
             py::gil_scoped_release nogil;
-            return s.eval_greedy(t, n, start_pos);
-        }, py::arg("tokens"), py::arg("start_pos"),
-           "the argmax of the last position's logits (found on the device; only the token id is read back)")
+            return s.eval_greedy(t, n, start_pos, fn);
+        }, py::arg("tokens"), py::arg("start_pos"), py::arg("allow") = py::none(),
+           "the argmax of the last position's logits (found on the device; only the token id is read back); "
+           "allow: constrained decoding's token bitmask, or a callable returning it (called while the step runs)")
         .def("decode_greedy", [](Session& s, int token, int start_pos, int steps) {
             py::array_t<int32_t> out(py::ssize_t{std::max(steps, 0)});  // the session refuses steps <= 0
             int32_t* o = out.mutable_data();

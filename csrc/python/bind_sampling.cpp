@@ -5,11 +5,40 @@
 #include <vector>
 
 #include "python/bindings.h"
+#include "common/error.h"
 #include "sampling/sampler.h"
 
 namespace py = pybind11;
 
 namespace minfer {
+
+const uint32_t* allow_mask(const py::object& allow, int rows, int n_vocab) {
+    if (allow.is_none()) return nullptr;
+    if (!py::isinstance<py::array>(allow)) throw py::type_error("allow must be a numpy array of int32 or uint32 words");
+    const py::array a = allow.cast<py::array>();
+    const py::ssize_t words = (py::ssize_t(n_vocab) + 31) / 32;
+    if (a.itemsize() != 4 || a.dtype().kind() == 'f')
+        throw py::type_error("allow must be int32 or uint32 words (one bit a token)");
+    if (!(a.flags() & py::array::c_style)) throw py::value_error("allow must be C-contiguous");
+    const bool shape_ok = a.ndim() == 2 ? a.shape(0) == rows && a.shape(1) == words : a.ndim() == 1 && rows == 1 && a.shape(0) == words;
+    if (!shape_ok)
+        throw py::value_error(strfmt("allow must be [%d, %zu] words (%d rows of %d tokens)", rows, size_t(words), rows, n_vocab));
+    return static_cast<const uint32_t*>(a.data());
+}
+
+Plan::AllowFn allow_fn(const py::object& allow, int rows, int n_vocab, py::object& hold) {
+    if (allow.is_none()) return {};
+    if (!PyCallable_Check(allow.ptr())) {
+        hold = allow;
+        const uint32_t* p = allow_mask(allow, rows, n_vocab);  // checked now, before the step
+        return [p] { return p; };
+    }
+    return [&allow, &hold, rows, n_vocab]() -> const uint32_t* {
+        py::gil_scoped_acquire gil;
+        hold = allow();
+        return allow_mask(hold, rows, n_vocab);
+    };
+}
 
 void bind_sampling(py::module_& m) {
     py::class_<Distribution>(m, "Distribution", "candidate token ids and their probabilities (summing to 1)")
@@ -39,18 +68,25 @@ void bind_sampling(py::module_& m) {
              py::arg("min_p") = 0.0f, py::arg("repeat_penalty") = 1.0f, py::arg("presence_penalty") = 0.0f,
              py::arg("frequency_penalty") = 0.0f, py::arg("penalty_last_n") = 64, py::arg("logit_bias") = py::dict(),
              py::arg("seed") = 0)
-        .def("sample", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
-            return s.sample(logits.data(), int(logits.size()));
-        }, py::arg("logits"), "the next token for a [n_vocab] logit vector")
-        .def("sample_with_distribution", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+        .def("sample", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+                          const py::object& allow) {
+            const int n = int(logits.size());
+            return s.sample(logits.data(), n, allow_mask(allow, 1, n));
+        }, py::arg("logits"), py::arg("allow") = py::none(),
+           "the next token for a [n_vocab] logit vector; allow: the constraint's token bitmask (or None)")
+        .def("sample_with_distribution", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits,
+                                            const py::object& allow) {
             Distribution q;
-            const int tok = s.sample(logits.data(), int(logits.size()), q);
+            const int n = int(logits.size());
+            const int tok = s.sample(logits.data(), n, q, allow_mask(allow, 1, n));
             return py::make_tuple(tok, std::move(q));
-        }, py::arg("logits"), "(token, the Distribution it was drawn from): a draft model's proposal")
+        }, py::arg("logits"), py::arg("allow") = py::none(),
+           "(token, the Distribution it was drawn from): a draft model's proposal")
         .def("verify", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> logits, int draft,
-                          const Distribution* q) {
-            return s.verify(logits.data(), int(logits.size()), draft, q);
-        }, py::arg("logits"), py::arg("draft"), py::arg("q") = nullptr,
+                          const Distribution* q, const py::object& allow) {
+            const int n = int(logits.size());
+            return s.verify(logits.data(), n, draft, q, allow_mask(allow, 1, n));
+        }, py::arg("logits"), py::arg("draft"), py::arg("q") = nullptr, py::arg("allow") = py::none(),
            "speculative sampling: `draft` if kept, else the token drawn in its place; q=None: the draft was "
            "proposed deterministically (prompt lookup)")
         .def("accept", &Sampler::accept, py::arg("token"), "record a generated token (penalty window)")
@@ -63,7 +99,7 @@ void bind_sampling(py::module_& m) {
     }, py::arg("logits"), py::arg("p_min") = 0.0,
        "(argmax, its softmax probability): how sure a greedy draft is; exact where >= p_min, else below p_min");
     m.def("sample_rows", [](const std::vector<Sampler*>& samplers,
-                            py::array_t<float, py::array::c_style | py::array::forcecast> logits) {
+                            py::array_t<float, py::array::c_style | py::array::forcecast> logits, const py::object& allow) {
         // Row i by samplers[i], the rows spread over threads (each sampler is its own state: the same tokens
         // as one call each, in any order).  A batch step's softmaxes over a whole vocabulary (~1 ms each at
         // 152k) otherwise run one after another between steps.
@@ -72,6 +108,8 @@ void bind_sampling(py::module_& m) {
         for (const Sampler* s : samplers)
             if (!s) throw py::value_error("sample_rows: a sampler is None");
         const int n = int(samplers.size()), V = int(logits.shape(1));
+        const uint32_t* mask = allow_mask(allow, n, V);  // row i's constraint (all bits set: none)
+        const size_t words = size_t(V + 31) / 32;
         py::array_t<int32_t> out(py::ssize_t{n});
         int32_t* o = out.mutable_data();
         const float* x = logits.data();
@@ -81,7 +119,8 @@ void bind_sampling(py::module_& m) {
             std::vector<std::exception_ptr> err(static_cast<size_t>(T));
             auto work = [&](int t) {
                 try {
-                    for (int i = t; i < n; i += T) o[i] = samplers[size_t(i)]->sample(x + size_t(i) * size_t(V), V);
+                    for (int i = t; i < n; i += T) o[i] = samplers[size_t(i)]->sample(x + size_t(i) * size_t(V), V,
+                                                                                     mask ? mask + size_t(i) * words : nullptr);
                 } catch (...) {
                     err[size_t(t)] = std::current_exception();
                 }
@@ -94,7 +133,8 @@ void bind_sampling(py::module_& m) {
                 if (e) std::rethrow_exception(e);
         }
         return out;
-    }, py::arg("samplers"), py::arg("logits"), "each row's next token by its own sampler, rows in parallel");
+    }, py::arg("samplers"), py::arg("logits"), py::arg("allow") = py::none(),
+       "each row's next token by its own sampler, rows in parallel; allow: [rows, words] token bitmasks or None");
 }
 
 }  // namespace minfer

@@ -55,7 +55,7 @@ double Sampler::uniform() {
     return double(z >> 11) * (1.0 / 9007199254740992.0);  // 53 bits
 }
 
-void Sampler::prepare(const float* logits, int n_vocab) {
+void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     if (n_vocab != n_vocab_)
         throw MinferError(strfmt("sampler: %d logits for a vocabulary of %d", n_vocab, n_vocab_));
     const int bad = first_nan(logits, n_vocab);
@@ -69,9 +69,17 @@ void Sampler::prepare(const float* logits, int n_vocab) {
     };
     const bool penalties = !history_.empty() &&
                            (p_.repeat_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f);
+    // greedy among the allowed tokens; -1: the constraint allows none
+    auto argmax = [&](const float* x) {
+        const int t = allow ? first_argmax_allowed(x, n_vocab, allow) : first_argmax(x, n_vocab);
+        if (t < 0) throw MinferError("sampler: the constraint allows no token");
+        return t;
+    };
     if (p_.temperature == 0.0f && p_.logit_bias.empty() && !penalties)
-        return one(first_argmax(logits, n_vocab));  // greedy on the logits as they are: no copy
+        return one(argmax(logits));  // greedy on the logits as they are: no copy
     work_.assign(logits, logits + n_vocab);
+    if (allow && mask_disallowed(work_.data(), n_vocab, allow) == 0)
+        throw MinferError("sampler: the constraint allows no token");
     // only the tokens touched below can turn NaN (a bias of -inf on a logit of +inf): each is checked as it changes
     auto changed = [&](int t, const char* by) {
         if (std::isnan(work_[size_t(t)])) throw MinferError(strfmt("sampler: logit %d is NaN after its %s", t, by));
@@ -91,7 +99,7 @@ void Sampler::prepare(const float* logits, int n_vocab) {
             changed(t, "penalties");
         }
     }
-    if (p_.temperature == 0.0f) return one(first_argmax(work_.data(), n_vocab));  // greedy: the first maximum
+    if (p_.temperature == 0.0f) return one(argmax(work_.data()));  // greedy: the first maximum
     // Candidates: the top-k by logit (descending, then id), or every token in id order.  Sorting a whole
     // vocabulary per token cost ~20 ms at 152k; only a top-p / min-p cut needs the order, and then only of
     // the prefix it keeps, which is sorted in growing steps until the cut is inside it.
@@ -142,6 +150,8 @@ int Sampler::draw() {
         r -= wt_[size_t(ids_[i])];
         if (r < 0) return ids_[i];
     }
+    for (size_t i = keep_; i-- > 0;)  // rounding left r >= 0: the last candidate with mass (never a masked one)
+        if (wt_[size_t(ids_[i])] > 0.0) return ids_[i];
     return ids_[keep_ - 1];
 }
 
@@ -162,22 +172,22 @@ TopToken top_token(const float* logits, int n_vocab, double p_min) {
     return {best, 1.0 / sum};
 }
 
-int Sampler::sample(const float* logits, int n_vocab) {
-    prepare(logits, n_vocab);
+int Sampler::sample(const float* logits, int n_vocab, const uint32_t* allow) {
+    prepare(logits, n_vocab, allow);
     return draw();
 }
 
-int Sampler::sample(const float* logits, int n_vocab, Distribution& drawn_from) {
-    prepare(logits, n_vocab);
+int Sampler::sample(const float* logits, int n_vocab, Distribution& drawn_from, const uint32_t* allow) {
+    prepare(logits, n_vocab, allow);
     drawn_from.ids.assign(ids_.begin(), ids_.begin() + long(keep_));
     drawn_from.probs.resize(keep_);
     for (size_t i = 0; i < keep_; i++) drawn_from.probs[i] = wt_[size_t(ids_[i])] / total_;
     return draw();
 }
 
-int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribution* q) {
+int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribution* q, const uint32_t* allow) {
     if (draft < 0 || draft >= n_vocab_) throw MinferError(strfmt("sampler: draft token %d is out of range", draft));
-    prepare(logits, n_vocab);
+    prepare(logits, n_vocab, allow);
     if (p_.temperature == 0.0f) return ids_[0];  // p is a point mass: the draft is kept iff it is the argmax
     // q by token id (a point mass at the draft when no q is given), zero elsewhere
     q_dense_.resize(size_t(n_vocab_), 0.0);

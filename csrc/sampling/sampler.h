@@ -11,6 +11,10 @@
 // chain's distribution for the target's logits; otherwise the token is drawn
 // from max(0, p - q), renormalized.  The kept or redrawn token is distributed
 // exactly as p, whatever q was.
+//
+// Constrained decoding (minfer.constrain): `allow`, where given, is a bitmask of the tokens the grammar
+// permits next (bit t of allow[t / 32], as llguidance writes it); every other token's logit is -inf before
+// the chain, so greedy takes the argmax among the allowed and a draw never lands outside them.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -54,12 +58,12 @@ class Sampler {
   public:
     // std::invalid_argument (ValueError in Python) naming the parameter that is out of range.
     Sampler(const SamplerParams& p, int n_vocab);
-    int sample(const float* logits, int n_vocab);
+    int sample(const float* logits, int n_vocab, const uint32_t* allow = nullptr);
     // sample(), also giving the distribution the token was drawn from (a draft model's proposal).
-    int sample(const float* logits, int n_vocab, Distribution& drawn_from);
+    int sample(const float* logits, int n_vocab, Distribution& drawn_from, const uint32_t* allow = nullptr);
     // Speculative sampling: `draft` was proposed from q (nullptr: proposed deterministically, q a point
     // mass at it).  Returns `draft` if kept, else the token drawn in its place (never `draft`).
-    int verify(const float* logits, int n_vocab, int draft, const Distribution* q);
+    int verify(const float* logits, int n_vocab, int draft, const Distribution* q, const uint32_t* allow = nullptr);
     void accept(int token);
     void reset();  // history and generator back to the start
     const SamplerParams& params() const { return p_; }
@@ -73,7 +77,7 @@ class Sampler {
   private:
     double uniform();  // [0, 1)
     // The chain up to the draw: candidates ids_[0, keep_) with unnormalized weights wt_[id], their sum total_.
-    void prepare(const float* logits, int n_vocab);
+    void prepare(const float* logits, int n_vocab, const uint32_t* allow);
     int draw();
     size_t keep_ = 0;
     double total_ = 0.0;

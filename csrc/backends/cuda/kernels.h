@@ -193,8 +193,10 @@ struct ArgmaxFeed {
     int32_t* pos = nullptr;
     int32_t* result = nullptr;
 };
-// A NaN among the n values sets kNanLogit in *err (NaN is never the winner).
-void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {});
+// A NaN among the n values sets kNanLogit in *err (NaN is never the winner).  allow (device memory): nullptr,
+// or constrained decoding's bitmask of the indices that may win (bit i of allow[i / 32]).
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {},
+            const uint32_t* allow = nullptr);
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 // y row r = x row idx[r] (PickRows: each sequence's last row of a batch step); idx checked against x_rows.
 void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, float* y, int64_t ldy, int rows, int cols,

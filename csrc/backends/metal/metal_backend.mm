@@ -180,7 +180,7 @@ class MetalBackend : public Backend {
     void read_host(int id, size_t offset, float* dst, size_t n) override;
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
-    int argmax(int id, size_t offset, size_t n) override;
+    int argmax(int id, size_t offset, size_t n, const uint32_t* allow = nullptr) override;
 
   private:
     struct Buf {
@@ -445,7 +445,8 @@ void MetalBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     std::memcpy(dst, (const float*)[bufs_.at(size_t(id)).b contents] + offset, n * 4);
 }
 
-int MetalBackend::argmax(int id, size_t offset, size_t n) {
+int MetalBackend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
+    if (allow) return Backend::argmax(id, offset, n, allow);  // a constrained token: the logits' scan on the host
     const uint count = uint(n);
     dispatch("argmax", &count, sizeof count, {Bound{bufs_.at(size_t(id)).b, offset * 4, n * 4}, Bound{token_, 0, 4}},
              MTLSizeMake(1, 1, 1), MTLSizeMake(1024, 1, 1), {32 * 4, 32 * 4});

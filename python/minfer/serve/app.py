@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from .. import _minfer, chat as chat_mod, engine as engine_mod, gguf, tokenizer as tokenizer_mod
 from ..batch import Engine
+from ..constrain import CONSTRAINT_KEYS
 from ..generation import ContextLengthError
 from ..speculative import MAX_DRAFT
 from . import openai_api as api
@@ -147,8 +148,9 @@ def _submit(srv: Server, eng: Engine, job: api.Job, ids: list[list[int]]) -> lis
                 if i and "seed" in sampling:  # n samples of one seeded request: seeds seed, seed + 1, ...
                     sampling["seed"] = (sampling["seed"] + i) % (1 << 64)
                 max_tokens = job.max_tokens if job.max_tokens >= 0 else eng.n_ctx - len(p)
+                speculate = srv.lookup and job.logprobs is None and not (set(sampling) & set(CONSTRAINT_KEYS))
                 handles.append(eng.submit(p, max_tokens=max_tokens, stop=job.stop, logprobs=job.logprobs,
-                                          lookup=srv.lookup and job.logprobs is None, **sampling))
+                                          lookup=speculate, **sampling))
     except (ValueError, TypeError, ContextLengthError, _minfer.MinferError) as e:
         for h in handles:
             h.cancel()

@@ -1,13 +1,17 @@
 """The OpenAI API's request bodies read into what the engine takes, and its response shapes.
 
 A field of the wrong type or out of range is an APIError naming it (400, OpenAI's error body); fields minfer
-does not implement are refused by name rather than ignored.
+does not implement are refused by name rather than ignored.  Structured output: `response_format` {"type":
+"json_schema", "json_schema": {"schema": ...}} or {"type": "json_object"}, and llama.cpp's server fields
+`json_schema` and `grammar` (GBNF or Lark), compiled here so that a bad one is a 400 before any work.
 """
 from __future__ import annotations
 
 import time
 import uuid
 from dataclasses import dataclass, field
+
+from .. import constrain
 
 
 class APIError(Exception):
@@ -49,7 +53,8 @@ _SAMPLING = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "
              "repeat_penalty": "repeat_penalty", "repetition_penalty": "repeat_penalty", "seed": "seed",
              "logit_bias": "logit_bias"}
 _IGNORED = {"model", "user", "stream", "stream_options", "n", "max_tokens", "max_completion_tokens", "stop",
-            "prompt", "messages", "echo", "suffix", "logprobs", "top_logprobs", "response_format", "tools",
+            "prompt", "messages", "echo", "suffix", "logprobs", "top_logprobs", "response_format", "json_schema",
+            "grammar", "tools",
             "tool_choice", "parallel_tool_calls", "best_of", "service_tier", "store", "metadata"}
 _REFUSED = {"suffix": "suffix (insertion) is not supported",
             "tools": "tools are not supported yet", "tool_choice": "tools are not supported yet",
@@ -75,9 +80,7 @@ def parse(body, kind: str, n_vocab: int, max_n: int = 16) -> Job:
     for name, why in _REFUSED.items():
         if body.get(name) not in (None, [], ""):
             raise APIError(400, why, name)
-    rf = body.get("response_format")
-    if rf is not None and not (isinstance(rf, dict) and rf.get("type") == "text"):
-        raise APIError(400, "only response_format {'type': 'text'} is supported", "response_format")
+    constraint = _constraint(body)
     unknown = sorted(set(body) - _IGNORED - set(_SAMPLING))
     if unknown:
         raise APIError(400, f"unknown field(s): {', '.join(unknown)}", unknown[0])
@@ -149,6 +152,7 @@ def parse(body, kind: str, n_vocab: int, max_n: int = 16) -> Job:
         v = _number(body, name, *bounds, integer=name in ("top_k", "seed"))
         if v is not None:
             sampling[key] = v
+    sampling.update(constraint)
     if "seed" in sampling:
         sampling["seed"] = sampling["seed"] % (1 << 64)
     so = body.get("stream_options")
@@ -177,6 +181,45 @@ def parse(body, kind: str, n_vocab: int, max_n: int = 16) -> Job:
                else max_tokens if max_tokens is not None else -1, stop=stop, sampling=sampling, stream=stream,
                include_usage=bool((so or {}).get("include_usage")), echo=bool(echo) and kind == "completion",
                model=str(body.get("model") or ""), logprobs=logprobs)
+
+
+def _constraint(body: dict) -> dict:
+    """The request's constraint as the engine's keyword ({} for none); a 400 naming the field where it is not one
+    minfer can compile."""
+    found = {}
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind == "json_object":
+            found["response_format"] = {"type": "object"}
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict):
+                raise APIError(400, "response_format.json_schema must be an object with a 'schema'", "response_format")
+            schema = spec.get("schema", {})
+            if not isinstance(schema, (dict, bool)):
+                raise APIError(400, "response_format.json_schema.schema must be a JSON schema object",
+                               "response_format")
+            found["response_format"] = schema
+        elif kind != "text":
+            raise APIError(400, "response_format.type must be 'text', 'json_object' or 'json_schema'",
+                           "response_format")
+    for name in ("json_schema", "grammar"):  # llama.cpp's server fields
+        if body.get(name) is not None:
+            found[name] = body[name]
+    if len(found) > 1:
+        raise APIError(400, f"give one of {', '.join(sorted(found))}, not several", sorted(found)[0])
+    if not found:
+        return {}
+    (name, value), = found.items()
+    kind = "grammar" if name == "grammar" else "json_schema"
+    try:
+        constrain.compile_constraint(kind, value)
+    except (ValueError, TypeError) as e:
+        raise APIError(400, f"{name}: {e}", name) from None
+    except ImportError as e:
+        raise APIError(501, str(e), name, kind="server_error") from None
+    return {kind: value}
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached: int = 0) -> dict:
