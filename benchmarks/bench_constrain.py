@@ -1,6 +1,6 @@
 """Constrained decoding: what a JSON-schema constraint costs in decode speed, and the grammar libraries compared.
 
-    python benchmarks/bench_constrain.py -m qwen2.5-coder-0.5b -t 2 --batch 1,16
+    python benchmarks/bench_constrain.py -m qwen2.5-coder-0.5b -t 2 --batch 1,16 --llama-server /path/to/llama-server
     python benchmarks/bench_constrain.py -m layout:1.5b --backend cuda --batch 1,16
     python benchmarks/bench_constrain.py -m qwen2.5-coder-0.5b --libraries     # llguidance beside outlines-core
 
@@ -8,7 +8,11 @@ Overhead: B requests that each generate exactly T tokens (the schema, a long lis
 sooner), greedy, with and without the constraint -- B = 1 through LLM (on a GPU the unconstrained run takes
 the chained device steps; the constrained one a step per token, its mask computed while the step runs), B > 1
 through the batch engine (every sequence constrained, its mask rows computed on llguidance's threads).  Decode
-tok/s is B x the requests' mean decode rate (tokens after the first over their time).  Best of --repeat runs.
+tok/s is B x the requests' mean decode rate (tokens after the first over their time).  Best of --repeat runs,
+the two kinds alternating.
+
+--llama-server: the same at B = 1 through llama.cpp's server (its /completion with and without `json_schema`,
+greedy, `timings.predicted_per_second`), started on the same file and thread count: its own grammar's cost.
 
 --libraries: for each of the test schemas (tests/constrain_schemas.py), the time to compile it and the time per
 token mask while a valid output is fed through, on this model's vocabulary, for llguidance and (where
@@ -18,8 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -49,35 +56,61 @@ def model_path(name: str) -> str:
 def one_sequence(path, backend, threads, T, repeat) -> dict:
     from minfer import LLM
 
-    out = {}
+    out = {"plain": 0.0, "schema": 0.0}
     with LLM(path, threads=threads, backend=backend) as llm:
-        for name, kw in (("plain", {}), ("schema", {"json_schema": RECORDS})):
-            best = 0.0
-            for _ in range(repeat):
+        for _ in range(repeat):  # the two kinds alternate, so that neither has the warmer machine
+            for name, kw in (("plain", {}), ("schema", {"json_schema": RECORDS})):
                 c = llm.generate(PROMPT, max_tokens=T, **kw)
                 if c.metrics.generated_tokens < T:
                     print(f"# note: {name} stopped after {c.metrics.generated_tokens} tokens", file=sys.stderr)
-                best = max(best, c.metrics.decode_tps)
-            out[name] = best
+                out[name] = max(out[name], c.metrics.decode_tps)
     return out
 
 
 def batched(path, backend, threads, T, B, repeat) -> dict:
     from minfer.batch import Engine
 
-    out = {}
+    out = {"plain": 0.0, "schema": 0.0}
     with Engine(path, threads=threads, backend=backend, max_sequences=B) as eng:
-        for name, kw in (("plain", {}), ("schema", {"json_schema": RECORDS})):
-            best = 0.0
-            for _ in range(repeat):
+        for _ in range(repeat):
+            for name, kw in (("plain", {}), ("schema", {"json_schema": RECORDS})):
                 handles = [eng.submit(f"{PROMPT} ({i})", max_tokens=T, **kw) for i in range(B)]
                 ms = [h.result().metrics for h in handles]
                 short = [m.generated_tokens for m in ms if m.generated_tokens < T]
                 if short:
                     print(f"# note: {name}: {len(short)} of {B} stopped early", file=sys.stderr)
-                best = max(best, B * float(np.mean([m.decode_tps for m in ms])))
-            out[name] = best
+                out[name] = max(out[name], B * float(np.mean([m.decode_tps for m in ms])))
     return out
+
+
+def llama_server(exe, path, threads, T, repeat) -> dict:
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        port = so.getsockname()[1]
+    proc = subprocess.Popen([exe, "-m", path, "-t", str(threads or 2), "-c", "4096", "--host", "127.0.0.1", "--port",
+                             str(port), "-np", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.2)
+        out = {"plain": 0.0, "schema": 0.0}
+        for _ in range(repeat):
+            for name, extra in (("plain", {"ignore_eos": True}), ("schema", {"json_schema": RECORDS})):
+                body = dict(prompt=PROMPT, n_predict=T, temperature=0.0, top_k=1, cache_prompt=False, **extra)
+                req = urllib.request.Request(url + "/completion", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+                r = json.load(urllib.request.urlopen(req, timeout=600))
+                if r["timings"]["predicted_n"] < T:
+                    print(f"# note: llama.cpp {name} stopped after {r['timings']['predicted_n']}", file=sys.stderr)
+                out[name] = max(out[name], r["timings"]["predicted_per_second"])
+        return out
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def libraries(path) -> None:
@@ -182,6 +215,7 @@ def main():
     ap.add_argument("-n", "--tokens", type=int, default=128, help="tokens each request generates")
     ap.add_argument("-r", "--repeat", type=int, default=3)
     ap.add_argument("--libraries", action="store_true")
+    ap.add_argument("--llama-server", default=None, help="llama.cpp's llama-server, for its grammar's cost at B = 1")
     a = ap.parse_args()
     path = model_path(a.model)
     if a.libraries:
@@ -194,6 +228,9 @@ def main():
         r = (one_sequence(path, a.backend, a.threads or None, a.tokens, a.repeat) if B == 1 else
              batched(path, a.backend, a.threads or None, a.tokens, B, a.repeat))
         print(f"| {B} | {r['plain']:.1f} | {r['schema']:.1f} | {r['schema'] / r['plain']:.3f} |", flush=True)
+    if a.llama_server:
+        r = llama_server(a.llama_server, path, a.threads, a.tokens, a.repeat)
+        print(f"| llama-server, 1 | {r['plain']:.1f} | {r['schema']:.1f} | {r['schema'] / r['plain']:.3f} |")
 
 
 if __name__ == "__main__":

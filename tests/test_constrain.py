@@ -303,6 +303,18 @@ def test_the_vocabulary_marks_special_tokens(qwen05_path):
     assert constrain.vocabulary(tok, 151936) is vocab  # built once
     assert vocab.vocab_size == 151936 and set(vocab.eos_tokens) == set(tok.special.eog)
     assert vocab.is_special_token(151644) and not vocab.is_special_token(9707)  # <|im_start|>, "Hello"
+    m = constrain.compile_constraint("json_schema", {"type": "array", "items": {"type": "integer"}}).matcher(vocab)
+    eog = sorted(tok.special.eog)
+
+    def ends_allowed():
+        mask = m.mask().view(np.uint32)
+        return [bool((mask[t // 32] >> np.uint32(t % 32)) & 1) for t in eog]
+    assert ends_allowed() == [False] * len(eog)  # nothing yet: the output may not end
+    for t in tok.encode("[1, 2", add_special=False):
+        m.consume(t)
+    assert ends_allowed() == [False] * len(eog) and not m.done
+    m.consume(tok.encode("]", add_special=False)[0])
+    assert m.accepting and ends_allowed() == [True] * len(eog)  # complete: an end-of-generation token may follow
 
 
 def test_cli_json_schema(tmp_path, qwen05_path):

@@ -23,10 +23,10 @@ bool op_in_place_ok(Op op) {
 int Backend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     std::vector<float> v(n);
     read_host(id, offset, v.data(), n);
-    for (size_t i = 0; i < n; i++)
-        if (std::isnan(v[i])) throw MinferError(strfmt("argmax: logit %zu is NaN (the model produced NaN)", i));
+    const int bad = first_nan(v.data(), int(n));
+    if (bad >= 0) throw MinferError(strfmt("argmax: logit %d is NaN (the model produced NaN)", bad));
     if (allow) return first_argmax_allowed(v.data(), int(n), allow);
-    return int(std::max_element(v.begin(), v.end()) - v.begin());  // first of equal maxima
+    return first_argmax(v.data(), int(n));  // the first of equal maxima, as the sampler's greedy
 }
 
 int HostBackend::alloc_buffer(size_t n) {
