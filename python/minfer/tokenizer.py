@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import array
 import functools
+import heapq
 import itertools
+import re
 from dataclasses import dataclass
 
 import regex
@@ -89,8 +91,8 @@ class _Vocabulary:
     def _load_vocabulary(self, meta: dict, add_bos_default: bool) -> None:
         self.tokens: list[str] = meta["tokenizer.ggml.tokens"]
         self.types: list[int] = list(meta.get("tokenizer.ggml.token_type", [NORMAL] * len(self.tokens)))
-        for i, t in enumerate(self.tokens):
-            if t in EOG_TEXTS and self.types[i] == NORMAL:
+        for i, t in enumerate(self.tokens):  # as llama.cpp: control whatever the file says (Gemma's "</s>" is
+            if t in EOG_TEXTS and self.types[i] != CONTROL:  # user-defined there, so never matched in plain text)
                 self.types[i] = CONTROL
         self.vocab = {t: i for i, t in enumerate(self.tokens)}
 
@@ -275,6 +277,11 @@ class SPMTokenizer(_Vocabulary):
         self.add_space_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", True))
         self.byte_tokens = {b: self.vocab.get(f"<0x{b:02X}>") for b in range(256)}
         self.unk = meta.get("tokenizer.ggml.unknown_token_id", 0)
+        # A merge never crosses a U+2581 that follows another character unless some token holds that character
+        # before a U+2581 (Gemma's ">▁</"): the text is cut at every other such place and each piece merged
+        # alone (and cached) -- the tokens of merging the whole text at once, without its cost.
+        joined = set(re.findall(f"([^{self.SPACE}]){self.SPACE}", "\x00".join(self.tokens)))
+        self._cut = re.compile(f"(?<=[^{self.SPACE}{''.join(re.escape(c) for c in sorted(joined))}])(?={self.SPACE})")
 
     def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
         ids = []
@@ -294,8 +301,13 @@ class SPMTokenizer(_Vocabulary):
         return ids
 
     def _spm(self, text: str) -> list[int]:
-        import heapq
+        out = []
+        for piece in self._cut.split(text):
+            out.extend(self._spm_piece(piece))
+        return out
 
+    @functools.lru_cache(maxsize=65536)
+    def _spm_piece(self, text: str) -> tuple[int, ...]:
         sym = list(text)
         prev = list(range(-1, len(sym) - 1))
         nxt = list(range(1, len(sym) + 1))
@@ -330,7 +342,7 @@ class SPMTokenizer(_Vocabulary):
                 out.extend(self.byte_tokens.get(b) if self.byte_tokens.get(b) is not None else self.unk
                            for b in piece.encode("utf-8"))
             i = nxt[i]
-        return out
+        return tuple(out)
 
     def token_bytes(self, tok: int, special: bool = False) -> bytes:
         if tok < 0 or tok >= len(self.tokens):

@@ -20,9 +20,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .. import _minfer, chat as chat_mod, engine as engine_mod, gguf, tokenizer as tokenizer_mod
+from .. import _minfer, chat as chat_mod, constrain, engine as engine_mod, gguf, tokenizer as tokenizer_mod
 from ..batch import Engine
-from ..constrain import CONSTRAINT_KEYS
 from ..generation import ContextLengthError
 from ..speculative import MAX_DRAFT
 from . import openai_api as api
@@ -65,6 +64,10 @@ class Server:
                     tok = tokenizer_mod.from_gguf(f)
                     self.template = f.metadata.get("tokenizer.chat_template")
                 eng = Engine(path, tokenizer=tok, **self._engine_args)
+                try:  # the grammar library's view of the vocabulary (~1 s), made here rather than in a request
+                    constrain.vocabulary(tok, eng.n_vocab)
+                except ImportError:
+                    pass  # structured output answers 501 saying how to install it
                 eng.on_turn.append(lambda: loop.call_soon_threadsafe(wake))
                 self.engine = eng
             except BaseException as e:  # reported by /health and every request
@@ -148,7 +151,7 @@ def _submit(srv: Server, eng: Engine, job: api.Job, ids: list[list[int]]) -> lis
                 if i and "seed" in sampling:  # n samples of one seeded request: seeds seed, seed + 1, ...
                     sampling["seed"] = (sampling["seed"] + i) % (1 << 64)
                 max_tokens = job.max_tokens if job.max_tokens >= 0 else eng.n_ctx - len(p)
-                speculate = srv.lookup and job.logprobs is None and not (set(sampling) & set(CONSTRAINT_KEYS))
+                speculate = srv.lookup and job.logprobs is None and not (set(sampling) & set(constrain.CONSTRAINT_KEYS))
                 handles.append(eng.submit(p, max_tokens=max_tokens, stop=job.stop, logprobs=job.logprobs,
                                           lookup=speculate, **sampling))
     except (ValueError, TypeError, ContextLengthError, _minfer.MinferError) as e:
