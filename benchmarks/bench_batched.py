@@ -166,9 +166,9 @@ def engine_overhead(B: int, threads: int, T: int = 64) -> tuple[float, float]:
             def __getattr__(self, k):
                 return getattr(runner, k)
 
-            def step_greedy(self, *a):
+            def step_greedy(self, *a, **kw):
                 t = time.perf_counter()
-                out = runner.step_greedy(*a)
+                out = runner.step_greedy(*a, **kw)
                 in_steps[0] += time.perf_counter() - t
                 return out
         eng._runner = Timed()
