@@ -5,7 +5,6 @@
 
 #include "backends/kv_format.h"
 #include "common/error.h"
-#include "models/decoder.h"
 #include "runtime/memory.h"
 
 namespace minfer {
@@ -59,7 +58,7 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
         plans_.splice(plans_.begin(), plans_, it);
     } else {
         if (plans_.size() >= kMaxPlans) plans_.pop_back();
-        Cached c{p, sched_.schedule(build_decoder_graph(sched_.model().config(), p), &kv_), {}};
+        Cached c{p, sched_.schedule(sched_.model().config().graph(p), &kv_), {}};
         const Graph& g = c.plan->graph();
         for (const Node& n : g.nodes) {
             bool seq = false;

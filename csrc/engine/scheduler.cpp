@@ -11,7 +11,6 @@
 #include "common/error.h"
 #include "common/settings.h"
 #include "backends/kv_format.h"
-#include "models/decoder.h"
 #include "runtime/memory.h"
 
 namespace minfer {

@@ -55,7 +55,7 @@ class Scheduler {
     // Assignment, fusion, allocation and splits of `graph` over this scheduler's backends.  Its KV nodes use
     // `kv`, or the scheduler's own cache when kv is null.
     std::unique_ptr<Plan> schedule(Graph graph, KvCache* kv = nullptr, bool keep_all = false);
-    // The GraphParams of a model step of n_tokens under this scheduler's options (models/decoder.h builds it).
+    // The GraphParams of a model step of n_tokens under this scheduler's options (ModelConfig::graph builds it).
     GraphParams step_params(int n_tokens, bool all_logits) const;
     // MinferError for a step that cannot run: no tokens, a bad position, past the context, a bad token id.
     void check_step(const int32_t* tokens, int n, int start_pos) const;

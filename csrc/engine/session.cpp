@@ -3,7 +3,6 @@
 #include <cstring>
 
 #include "common/error.h"
-#include "models/decoder.h"
 
 namespace minfer {
 
@@ -23,7 +22,7 @@ Plan& Session::plan(int n_tokens, bool all_logits) {
             return *plans_.front().second;
         }
     if (plans_.size() >= kMaxPlans) plans_.pop_back();
-    plans_.emplace_front(p, sched_.schedule(build_decoder_graph(sched_.model().config(), p)));
+    plans_.emplace_front(p, sched_.schedule(sched_.model().config().graph(p)));
     graph_builds_++;
     return *plans_.front().second;
 }

@@ -9,32 +9,6 @@ namespace {
 
 const std::string& path_of(const WeightStore& w) { return w.gguf().paths()[0]; }
 
-// A numeric metadata value as a double; `fallback` when absent (NaN: required).
-double meta_num(const WeightStore& w, const std::string& key, double fallback) {
-    const GGUFValue* v = w.gguf().find(key);
-    if (!v) {
-        if (fallback != fallback)
-            throw ModelError(strfmt("model '%s' lacks the metadata key '%s'", path_of(w).c_str(), key.c_str()));
-        return fallback;
-    }
-    switch (v->type) {
-        case GGUFType::UINT8: case GGUFType::UINT16: case GGUFType::UINT32: case GGUFType::UINT64: return double(v->u);
-        case GGUFType::INT8: case GGUFType::INT16: case GGUFType::INT32: case GGUFType::INT64: return double(v->i);
-        case GGUFType::FLOAT32: case GGUFType::FLOAT64: return v->f;
-        default:
-            throw ModelError(strfmt("model '%s': metadata '%s' has type %s, expected a number", path_of(w).c_str(),
-                                     key.c_str(), gguf_type_name(v->type)));
-    }
-}
-
-int meta_int(const WeightStore& w, const std::string& key, double fallback, int lo, int hi) {
-    double v = meta_num(w, key, fallback);
-    if (!(v >= lo && v <= hi) || v != double(int64_t(v)))
-        throw ModelError(strfmt("model '%s': metadata '%s' = %g is not an integer in [%d, %d]", path_of(w).c_str(),
-                                 key.c_str(), v, lo, hi));
-    return int(v);
-}
-
 void expect_shape(const WeightStore& w, const std::string& name, int64_t cols, int64_t rows) {
     const Weight& t = w.get(name);
     if (t.cols() != cols || t.rows() != rows || t.dims.size() > 2)
@@ -60,6 +34,31 @@ void expect_matrix(const WeightStore& w, const std::string& name, int64_t cols, 
 
 }  // namespace
 
+double meta_num(const WeightStore& w, const std::string& key, double fallback) {
+    const GGUFValue* v = w.gguf().find(key);
+    if (!v) {
+        if (fallback != fallback)
+            throw ModelError(strfmt("model '%s' lacks the metadata key '%s'", path_of(w).c_str(), key.c_str()));
+        return fallback;
+    }
+    switch (v->type) {
+        case GGUFType::UINT8: case GGUFType::UINT16: case GGUFType::UINT32: case GGUFType::UINT64: return double(v->u);
+        case GGUFType::INT8: case GGUFType::INT16: case GGUFType::INT32: case GGUFType::INT64: return double(v->i);
+        case GGUFType::FLOAT32: case GGUFType::FLOAT64: return v->f;
+        default:
+            throw ModelError(strfmt("model '%s': metadata '%s' has type %s, expected a number", path_of(w).c_str(),
+                                     key.c_str(), gguf_type_name(v->type)));
+    }
+}
+
+int meta_int(const WeightStore& w, const std::string& key, double fallback, int lo, int hi) {
+    double v = meta_num(w, key, fallback);
+    if (!(v >= lo && v <= hi) || v != double(int64_t(v)))
+        throw ModelError(strfmt("model '%s': metadata '%s' = %g is not an integer in [%d, %d]", path_of(w).c_str(),
+                                 key.c_str(), v, lo, hi));
+    return int(v);
+}
+
 std::string ModelConfig::layer_weight(int layer, const char* name) const {
     return "blk." + std::to_string(layer) + "." + name;
 }
@@ -70,9 +69,10 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
     if (!a || a->type != GGUFType::STRING)
         throw ModelError(strfmt("model '%s' has no general.architecture string", path_of(w).c_str()));
     c.arch = std::string(a->str);
-    if (c.arch != "llama" && c.arch != "qwen2" && c.arch != "qwen3")
-        throw ModelError(strfmt("model '%s': architecture '%s' is not supported (llama, qwen2, qwen3)",
-                                 path_of(w).c_str(), c.arch.c_str()));
+    c.architecture = find_architecture(c.arch);
+    if (!c.architecture)
+        throw ModelError(strfmt("model '%s': architecture '%s' is not supported (%s)", path_of(w).c_str(),
+                                 c.arch.c_str(), architecture_names().c_str()));
     const std::string p = c.arch + ".";
     const double req = 0.0 / 0.0;
     c.n_layer = meta_int(w, p + "block_count", req, 1, 1024);
@@ -97,9 +97,7 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
         if (s->type == GGUFType::STRING && s->str != "none")
             throw ModelError(strfmt("model '%s': rope scaling '%.*s' is not supported", path_of(w).c_str(),
                                      int(s->str.size()), s->str.data()));
-    c.rope_neox = c.arch != "llama";
-    c.qkv_bias = c.arch == "qwen2";
-    c.qk_norm = c.arch == "qwen3";
+    c.architecture->configure(c, w);
 
     // Tensors: every one the graph reads, with its shape.
     const Weight& emb = w.get("token_embd.weight");

@@ -1,29 +1,39 @@
-// Hyperparameters of the decoder-only architectures minfer runs (llama, qwen2,
-// qwen3), read from GGUF metadata and checked against the tensors.
+// Hyperparameters of the decoder-only architectures minfer runs (models/architectures.cpp lists them), read
+// from GGUF metadata and checked against the tensors.
 #pragma once
 #include <string>
 
 #include "gguf/gguf.h"
+#include "models/architecture.h"
 #include "runtime/weights.h"
 
 namespace minfer {
 
 struct ModelConfig {
-    std::string arch;            // "llama" | "qwen2" | "qwen3"
+    std::string arch;            // general.architecture
+    const Architecture* architecture = nullptr;  // its reader and graph
     int n_layer = 0, n_embd = 0, n_ff = 0;
     int n_head = 0, n_head_kv = 0, head_dim = 0;
     int n_vocab = 0, n_ctx_train = 0;
     float eps = 1e-6f;
     float rope_base = 10000.0f;
     int rope_dim = 0;
-    bool rope_neox = false;      // qwen2/qwen3 rotate halves; llama rotates adjacent pairs
-    bool qkv_bias = false;       // qwen2
-    bool qk_norm = false;        // qwen3
+    // Set by the architecture (models/<arch>.cpp):
+    bool rope_neox = false;      // rotate halves (qwen2/qwen3), else adjacent pairs (llama)
+    bool qkv_bias = false;       // q, k, v have biases (qwen2)
+    bool qk_norm = false;        // q and k are RMS-normed per head (qwen3)
     std::string output_weight;   // "output.weight", or "token_embd.weight" when tied
 
     // Reads and validates; a MinferError names the key or tensor that is wrong.
     static ModelConfig from_gguf(const WeightStore& weights);
     std::string layer_weight(int layer, const char* name) const;  // "blk.{layer}.{name}"
+    // The graph of a step of this model (its architecture's).
+    Graph graph(const GraphParams& params) const { return architecture->graph(*this, params); }
 };
+
+// A numeric metadata value (`fallback` when absent; NaN: required), and one that must be an integer in
+// [lo, hi]; a ModelError names the key.  For the architectures' configure (models/<arch>.cpp).
+double meta_num(const WeightStore& w, const std::string& key, double fallback);
+int meta_int(const WeightStore& w, const std::string& key, double fallback, int lo, int hi);
 
 }  // namespace minfer

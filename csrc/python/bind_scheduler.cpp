@@ -5,7 +5,6 @@
 #include <cstring>
 
 #include "engine/session.h"
-#include "models/decoder.h"
 #include "python/bind_engine_util.h"
 #include "python/bindings.h"
 
@@ -31,7 +30,7 @@ void bind_scheduler(py::module_& m) {
         .def(py::init<>())
         .def_static("decoder", [](const Scheduler& s, int n_tokens, bool all_logits) {
             if (n_tokens < 1) throw py::value_error("n_tokens must be >= 1");
-            return build_decoder_graph(s.model().config(), s.step_params(n_tokens, all_logits));
+            return s.model().config().graph(s.step_params(n_tokens, all_logits));
         }, py::arg("scheduler"), py::arg("n_tokens"), py::arg("all_logits") = false,
            "the model's graph for a step of n_tokens under the scheduler's options (KV type, context, fusion)")
         .def("input", [](Graph& g, int rows, int cols, const std::string& kind) {
