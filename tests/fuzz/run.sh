@@ -11,7 +11,7 @@ mkdir -p "$work/corpus"
 cp tests/fuzz/corpus/* "$work/corpus/"
 src="csrc/common/error.cpp csrc/common/settings.cpp csrc/gguf/mapped_file.cpp csrc/gguf/gguf.cpp csrc/quant/types.cpp csrc/quant/dot_ref.cpp
      csrc/quant/quantize.cpp csrc/quant/swiglu.cpp
-     csrc/quant/dispatch.cpp csrc/runtime/weights.cpp csrc/models/config.cpp"
+     csrc/quant/dispatch.cpp csrc/runtime/weights.cpp csrc/graph/ir.cpp csrc/models/*.cpp"
 clang++-14 -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Icsrc \
     -o "$work/gguf_fuzz" tests/fuzz/gguf_fuzz.cpp $src
 cd "$work"
