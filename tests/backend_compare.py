@@ -38,10 +38,15 @@ def check_rope(sess, backend, rng, neox, head_dim, rope_dim):
     assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])
 
 
+ELEMENTWISE = ["Add", "Mul", "Silu", "SwiGLU", "Gelu", "GeGLU", "Scale", "SoftCap"]
+
+
 def check_elementwise(sess, backend, rng, op):
-    """Add / Mul / Silu / SwiGLU over 4 rows of the 1.5B model's FFN width, within 4 f32 ulps."""
-    a = (rng.standard_normal((4, 8960)) * 4).astype(np.float32)
+    """The element-wise ops over 4 rows of the 1.5B model's FFN width, within 4 f32 ulps of the output's
+    scale: Scale by gemma's sqrt(640), SoftCap at 30 over logits up to ~150 (tanh well into saturation)."""
+    a = (rng.standard_normal((4, 8960)) * (40 if op == "SoftCap" else 4)).astype(np.float32)
     b = rng.standard_normal((4, 8960)).astype(np.float32)
-    ins = [0] if op == "Silu" else [0, 1]
-    out, ref = run_both(sess, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960)], backend)
+    ins = [0] if op in ("Silu", "Gelu", "Scale", "SoftCap") else [0, 1]
+    meta = dict(scale=float(np.sqrt(np.float32(640)))) if op == "Scale" else dict(scale=30.0) if op == "SoftCap" else {}
+    out, ref = run_both(sess, [a, b], [dict(op=op, inputs=ins, rows=4, cols=8960, meta=meta)], backend)
     close(out, ref, 4 * U)

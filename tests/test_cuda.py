@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import minfer
-from backend_compare import check_elementwise, check_rope, close, run_both
+from backend_compare import ELEMENTWISE, check_elementwise, check_rope, close, run_both
 from conftest import layout_model, nan_logits_model, require_cuda, synthetic_model
 from cuda_cases import M, U, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
 
@@ -60,7 +60,7 @@ def test_rope(q15, rng, neox, head_dim, rope_dim):
     check_rope(q15[1], "cuda", rng, neox, head_dim, rope_dim)
 
 
-@pytest.mark.parametrize("op", ["Add", "Mul", "Silu", "SwiGLU"])
+@pytest.mark.parametrize("op", ELEMENTWISE)
 def test_elementwise(q15, rng, op):
     check_elementwise(q15[1], "cuda", rng, op)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import minfer
-from backend_compare import check_elementwise, check_rope, close, run_both
+from backend_compare import ELEMENTWISE, check_elementwise, check_rope, close, run_both
 from conftest import real_model, synthetic_model
-from minfer.quants import available_isas, dequantize, quantize_act, swiglu, type_info, vec_dot_type
+from minfer.quants import available_isas, dequantize, geglu, quantize_act, swiglu, type_info, vec_dot_type
 
 U = 2.0 ** -24
 
@@ -33,6 +33,13 @@ def q05():
 @pytest.fixture(scope="module")
 def smol():
     m = minfer._minfer.Model(str(real_model("smollm2-135m")))
+    return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    # Gemma 3 270M: hidden 640, 4 heads / 1 KV head of 256, ffn 2048, local layers with a 512 window
+    m = minfer._minfer.Model(str(real_model("gemma3-270m")))
     return m, minfer._minfer.Session(m, threads=2, assignment="alternate:1")
 
 
@@ -68,7 +75,7 @@ def test_rope(q15, rng, neox, head_dim, rope_dim):
     check_rope(q15[1], "cpu", rng, neox, head_dim, rope_dim)
 
 
-@pytest.mark.parametrize("op", ["Add", "Mul", "Silu", "SwiGLU"])
+@pytest.mark.parametrize("op", ELEMENTWISE)
 def test_elementwise(q15, rng, op):
     check_elementwise(q15[1], "cpu", rng, op)
 
@@ -87,6 +94,26 @@ def test_swiglu_kernel(isa, rng):
     y = swiglu(g, u, isa).astype(np.float64)
     big = np.abs(ref) > 1e-30
     assert np.all(np.abs(y - ref)[big] <= 4 * U * np.abs(ref[big])), isa
+    assert np.all(np.abs(y - ref)[~big] <= 1e-35), isa
+
+
+@pytest.mark.parametrize("isa", available_isas())
+def test_geglu_kernel(isa, rng):
+    """Each ISA's gemma gate against float64 0.5 g (1 + tanh z) u, z = sqrt(2/pi) (g + 0.044715 g^3), written
+    g u / (1 + e^(-2z)) (1 + tanh z cancels in float64 for z < -18).  The kernels compute that in f32:
+    2z takes four roundings (up to 2 ulps of |2z|, which move e^(-2z) by 2 |2z| ulps relatively), then e^x,
+    the sum, the quotient and the product: the bound is (8 + 4 |2z|) ulps of the value; results below 1e-30 within 1e-35."""
+    g = np.concatenate([rng.standard_normal(20000) * 4, rng.uniform(-30, 30, 2003), [0.0, -0.0, 88.5, -88.5, -200, 200]])
+    g = g.astype(np.float32)
+    u = rng.standard_normal(g.size).astype(np.float32)
+    g64 = g.astype(np.float64)
+    z2 = 2 * np.sqrt(2 / np.pi) * (g64 + 0.044715 * g64 ** 3)
+    with np.errstate(over="ignore"):
+        ref = g64 / (1 + np.exp(-z2)) * u
+    y = geglu(g, u, isa).astype(np.float64)
+    big = np.abs(ref) > 1e-30
+    bound = (8 + 4 * np.abs(z2)) * U * np.abs(ref)
+    assert np.all(np.abs(y - ref)[big] <= bound[big]), (isa, np.max((np.abs(y - ref) / bound)[big]))
     assert np.all(np.abs(y - ref)[~big] <= 1e-35), isa
 
 
@@ -186,6 +213,48 @@ def test_attention_does_not_depend_on_how_tasks_are_cut(q15, rng, n):
     outs = [minfer._minfer.Session(m, threads=t).run_ops("cpu", [q, k, v, pos], nodes)[-1] for t in (1, 8)]
     assert np.isfinite(outs[0]).all()
     assert np.array_equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("window", [5, 32, 40])
+@pytest.mark.parametrize("n", [45, 1], ids=["prefill", "decode"])
+def test_sliding_window_attention(gemma, rng, window, n):
+    """Gemma's local layers: a query at p sees keys p - window < j <= p.  Its shape (4 heads on 1 KV head of
+    256), windows shorter and longer than a 32-key chunk and not aligned to one, against the reference and
+    an independent float64 softmax over exactly the window's keys."""
+    m, s = gemma
+    n_head, n_head_kv, head_dim, n_ctx = 4, 1, 256, 128
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((n, head_dim)) * 0.3).astype(np.float32)
+    v = rng.standard_normal((n, head_dim)).astype(np.float32)
+    pos = (np.arange(n) + 60).astype(np.int32).reshape(n, 1)
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f32", n_ctx=n_ctx,
+                attn_scale=1 / 16, window=window, layer=0)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=n, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 3, 4], rows=n, cols=n_head * head_dim, meta=meta)]
+    cpu, ref = both(s, [q, k, v, pos], nodes)
+    close(cpu, ref, 1e-5)
+    K = np.zeros((n_ctx, head_dim)); V = np.zeros_like(K)
+    K[60:60 + n], V[60:60 + n] = k, v  # cells 0..59 zero-filled: inside early windows, they count
+    for r in range(n):
+        lo, p = max(0, pos[r, 0] - window + 1), pos[r, 0]
+        for h in range(n_head):
+            sc = K[lo:p + 1] @ q[r, h * head_dim:(h + 1) * head_dim] / 16
+            w = np.exp(sc - sc.max()); w /= w.sum()
+            assert np.allclose(cpu[r, h * head_dim:(h + 1) * head_dim], w @ V[lo:p + 1], atol=1e-5), (r, h)
+
+
+def test_gelu_ffn_matches_unfused(gemma, rng):
+    m, s = gemma
+    x = rng.standard_normal((3, 640)).astype(np.float32)
+    L = "blk.2."
+    ffn = s.run_ops("cpu", [x], [dict(op="FusedFFN", inputs=[0], rows=3, cols=2048,
+                                      meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight", act="gelu"))])[-1]
+    ref = s.run_ops("reference", [x], [
+        dict(op="MatMul", inputs=[0], rows=3, cols=2048, meta=dict(weight=L + "ffn_gate.weight")),
+        dict(op="MatMul", inputs=[0], rows=3, cols=2048, meta=dict(weight=L + "ffn_up.weight")),
+        dict(op="Gelu", inputs=[1], rows=3, cols=2048),
+        dict(op="Mul", inputs=[3, 2], rows=3, cols=2048)])[-1]
+    close(ffn, ref, 1e-5)
 
 
 def test_fused_qkv_and_ffn_match_unfused(q15, rng):

@@ -13,7 +13,7 @@ namespace minfer {
 bool op_in_place_ok(Op op) {
     switch (op) {
         case Op::RmsNorm: case Op::QkNorm: case Op::Rope: case Op::Add: case Op::Mul:
-        case Op::Silu: case Op::SwiGLU:
+        case Op::Silu: case Op::SwiGLU: case Op::Gelu: case Op::GeGLU: case Op::Scale: case Op::SoftCap:
             return true;
         default:
             return false;

@@ -49,18 +49,21 @@ struct Fuser {
                 }
     }
 
-    void swiglu() {
+    // Mul(Silu(a), b) -> SwiGLU(a, b) and Mul(Gelu(a), b) -> GeGLU(a, b).
+    void glu() {
         count_consumers();
         for (size_t i = 0; i < g.nodes.size(); i++) {
             Node& m = g.nodes[i];
             if (dead[i] || m.op != Op::Mul) continue;
             for (int side = 0; side < 2; side++) {
                 int s = m.in[size_t(side)].node;
-                if (at(s).op != Op::Silu || !whole(m.in[size_t(side)]) || !sole_consumer(s, int(i)) ||
-                    !can(Op::SwiGLU, {int(i), s}))
+                const Op act = at(s).op;
+                const Op fused = act == Op::Silu ? Op::SwiGLU : act == Op::Gelu ? Op::GeGLU : Op::Count;
+                if (fused == Op::Count || !whole(m.in[size_t(side)]) || !sole_consumer(s, int(i)) ||
+                    !can(fused, {int(i), s}))
                     continue;
                 NodeInput other = m.in[size_t(1 - side)];
-                m.op = Op::SwiGLU;
+                m.op = fused;
                 m.in = {at(s).in[0], other};
                 dead[size_t(s)] = true;
                 rewrites++;
@@ -69,11 +72,12 @@ struct Fuser {
         }
     }
 
+    // A backend that fuses GeGLU runs FusedFFN with act = Gelu too.
     void ffn() {
         count_consumers();
         for (size_t i = 0; i < g.nodes.size(); i++) {
             Node& w = g.nodes[i];
-            if (dead[i] || w.op != Op::SwiGLU) continue;
+            if (dead[i] || (w.op != Op::SwiGLU && w.op != Op::GeGLU)) continue;
             int gate = w.in[0].node, up = w.in[1].node;
             Node &G = at(gate), &U = at(up);
             if (G.op != Op::MatMul || U.op != Op::MatMul || G.meta.role != Role::Gate || U.meta.role != Role::Up ||
@@ -81,6 +85,7 @@ struct Fuser {
                 !same(G.in[0], U.in[0]) || !sole_consumer(gate, int(i)) || !sole_consumer(up, int(i)) ||
                 !can(Op::FusedFFN, {int(i), gate, up}))
                 continue;
+            w.meta.act = w.op == Op::GeGLU ? Act::Gelu : Act::Silu;
             w.op = Op::FusedFFN;
             w.meta.w_gate = G.meta.weight;
             w.meta.w_up = U.meta.weight;
@@ -298,7 +303,7 @@ struct Fuser {
 
 int fuse(Graph& g, const std::vector<BackendSlot>& slots) {
     Fuser f{g, slots, {}, std::vector<bool>(g.nodes.size(), false)};
-    f.swiglu();
+    f.glu();
     f.ffn();
     f.qkv();
     f.qkv_norm();

@@ -6,7 +6,8 @@ const char* op_name(Op op) {
     static const char* names[] = {"Input", "GetRows", "TailRow", "RmsNorm", "QkNorm", "MatMul",
                                   "Rope", "KvStore", "Attn", "Add", "Mul", "Silu",
                                   "SwiGLU", "FusedQKV", "FusedQkvNorm", "FusedFFN", "RopeKvStore",
-                                  "AddRmsNorm", "FusedQkvRope", "PickRows"};
+                                  "AddRmsNorm", "FusedQkvRope", "PickRows", "Gelu", "GeGLU", "Scale",
+                                  "SoftCap"};
     static_assert(sizeof(names) / sizeof(names[0]) == size_t(Op::Count), "op names");
     return unsigned(op) < unsigned(Op::Count) ? names[unsigned(op)] : "?";
 }

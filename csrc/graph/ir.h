@@ -22,20 +22,24 @@ enum class Op : uint8_t {
     Rope,          // rotary embedding of input 0 at the positions of input 1
     KvStore,       // write k (input 0) and v (input 1) at positions (input 2) into layer's KV
     Attn,          // causal GQA attention of q (input 0) over the layer's KV, positions input 1;
-                   // input 2 is the layer's KvStore (an ordering dependency)
+                   // input 2 is the layer's KvStore (an ordering dependency); meta.window > 0: sliding window
     Add,           // a + b
     Mul,           // a * b
     Silu,          // x * sigmoid(x)
     SwiGLU,        // silu(a) * b                                         (fusion of Mul(Silu(a), b))
     FusedQKV,      // [q | k | v] = x [Wq | Wk | Wv]^T + biases           (fusion of 3 MatMuls)
     FusedQkvNorm,  // FusedQKV, then QkNorm of the q and k parts (qwen3)
-    FusedFFN,      // silu(x Wg^T) * (x Wu^T)                              (fusion of 2 MatMuls + SwiGLU)
+    FusedFFN,      // act(x Wg^T) * (x Wu^T), act silu or gelu (meta.act)  (fusion of 2 MatMuls + SwiGLU/GeGLU)
     RopeKvStore,   // rope(q) out; rope(k) and v stored at the positions    (fusion of 2 Ropes + KvStore)
                    // inputs q, k, v, positions; the layer's Attn reads q from it and orders after it
     AddRmsNorm,    // [a + b | RmsNorm(a + b)], 2 x cols wide                (fusion of Add + RmsNorm)
     FusedQkvRope,  // FusedQKV whose q is rotated (out [rope(q) | k | v]) and whose rope(k), v are stored
                    // at the positions (input 1)                           (fusion of FusedQKV + RopeKvStore)
     PickRows,      // rows of input 0 at the indices of input 1 (a batch: each sequence's last row)
+    Gelu,          // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))    (the tanh form, as gemma's FFN)
+    GeGLU,         // gelu(a) * b                                         (fusion of Mul(Gelu(a), b))
+    Scale,         // x * meta.scale                                      (gemma: embeddings times sqrt(n_embd))
+    SoftCap,       // meta.scale * tanh(x / meta.scale)                    (final-logit softcapping)
     Count
 };
 const char* op_name(Op op);
@@ -59,6 +63,8 @@ struct NodeInput {
 
 // What a MatMul computes in the layer (the fusion pass pattern-matches on it).
 enum class Role : uint8_t { None, Q, K, V, Gate, Up };
+// The gate's activation of a FusedFFN.
+enum class Act : uint8_t { Silu, Gelu };
 
 struct NodeMeta {
     int layer = -1;
@@ -74,6 +80,9 @@ struct NodeMeta {
     int rope_dim = 0;
     bool rope_neox = false;
     float attn_scale = 1.0f;
+    int window = 0;                // Attn: a query at position p sees keys p - window < j <= p (0: all j <= p)
+    float scale = 1.0f;            // Scale: the factor; SoftCap: the cap
+    Act act = Act::Silu;           // FusedFFN: the gate's activation
     uint32_t kv_type = 1;          // ggml type of the KV cache (F16 default)
     int n_ctx = 0;                 // KV rows: the context, or a batch's whole pool
     int block_size = 0;            // Attn of a batch step: tokens per KV block (0: one contiguous sequence)

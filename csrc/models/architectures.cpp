@@ -3,10 +3,10 @@
 
 namespace minfer {
 
-extern const Architecture kLlama, kQwen2, kQwen3;
+extern const Architecture kLlama, kQwen2, kQwen3, kGemma3;
 
 namespace {
-const Architecture* const kArchitectures[] = {&kLlama, &kQwen2, &kQwen3};
+const Architecture* const kArchitectures[] = {&kLlama, &kQwen2, &kQwen3, &kGemma3};
 }  // namespace
 
 const Architecture* find_architecture(const std::string& name) {

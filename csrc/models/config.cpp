@@ -123,6 +123,10 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
             expect_f32_vector(w, c.layer_weight(l, "attn_k_norm.weight"), c.head_dim);
         }
         expect_f32_vector(w, c.layer_weight(l, "ffn_norm.weight"), c.n_embd);
+        if (c.post_norms) {
+            expect_f32_vector(w, c.layer_weight(l, "post_attention_norm.weight"), c.n_embd);
+            expect_f32_vector(w, c.layer_weight(l, "post_ffw_norm.weight"), c.n_embd);
+        }
         expect_matrix(w, c.layer_weight(l, "ffn_gate.weight"), c.n_embd, c.n_ff);
         expect_matrix(w, c.layer_weight(l, "ffn_up.weight"), c.n_embd, c.n_ff);
         expect_matrix(w, c.layer_weight(l, "ffn_down.weight"), c.n_ff, c.n_embd);

@@ -22,11 +22,20 @@ struct ModelConfig {
     bool rope_neox = false;      // rotate halves (qwen2/qwen3), else adjacent pairs (llama)
     bool qkv_bias = false;       // q, k, v have biases (qwen2)
     bool qk_norm = false;        // q and k are RMS-normed per head (qwen3)
+    float attn_scale = 0.0f;     // the scores' scale (0: 1 / sqrt(head_dim))
+    float embd_scale = 0.0f;     // embeddings times this (gemma: sqrt(n_embd); 0: unscaled)
+    bool post_norms = false;     // RMSNorm of the attention and FFN outputs before their residual adds (gemma)
+    bool ffn_gelu = false;       // the FFN's gate is GELU (tanh form), else SiLU
+    int swa_window = 0;          // local layers attend to this many positions (0: every layer is global)
+    int swa_period = 0;          // layer l is local when l % swa_period < swa_period - 1 (gemma 3: 6)
+    float rope_base_local = 10000.0f;  // local layers' RoPE base
+    float final_softcap = 0.0f;  // logits = cap * tanh(logits / cap) (0: none)
     std::string output_weight;   // "output.weight", or "token_embd.weight" when tied
 
     // Reads and validates; a MinferError names the key or tensor that is wrong.
     static ModelConfig from_gguf(const WeightStore& weights);
     std::string layer_weight(int layer, const char* name) const;  // "blk.{layer}.{name}"
+    bool is_local(int layer) const { return swa_window > 0 && layer % swa_period < swa_period - 1; }
     // The graph of a step of this model (its architecture's).
     Graph graph(const GraphParams& params) const { return architecture->graph(*this, params); }
 };

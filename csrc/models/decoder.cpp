@@ -1,18 +1,19 @@
-// One layer, as the graph sees it (x: [n, n_embd] residual stream):
+// One layer, as the graph sees it (x: [n, n_embd] residual stream; [gemma] the flags models/gemma3.cpp sets):
 //
+//   [x = Scale(x), embeddings times sqrt(n_embd), before the first layer]
 //   h = RmsNorm(x)                    attn_norm
 //   q, k, v = MatMul(h) (+ bias)      attn_q/k/v          qwen2: biases
 //   q, k = QkNorm(q), QkNorm(k)                           qwen3 only
-//   q, k = Rope(q), Rope(k)           neox (qwen) or normal (llama) pairs
-//   KvStore(k, v);  a = Attn(q)       causal GQA over the layer's cache
-//   x = x + MatMul(a)                 attn_output
+//   q, k = Rope(q), Rope(k)           neox (qwen) or normal (llama) pairs; [local layers: their own base]
+//   KvStore(k, v);  a = Attn(q)       causal GQA over the layer's cache [local layers: a sliding window]
+//   x = x + MatMul(a)                 attn_output         [RmsNorm'd by post_attention_norm first]
 //   [last layer, last-logits graphs: x = TailRow(x)]
 //   [last layer, batch steps: x = PickRows(x, each sequence's last row)]
 //   h = RmsNorm(x)                    ffn_norm
-//   x = x + MatMul(Silu(MatMul(h)) * MatMul(h))           ffn_down(silu(gate) * up)
+//   x = x + MatMul(Silu(MatMul(h)) * MatMul(h))           ffn_down(silu(gate) * up)  [gelu; post_ffw_norm]
 //
 // then logits = MatMul(RmsNorm(x)) with output_norm and output (or the tied
-// embedding).  Fused ops are not emitted here: the fusion pass makes them
+// embedding) [and SoftCap].  Fused ops are not emitted here: the fusion pass makes them
 // where the assigned backend can run them.
 //
 // A batch step (params.n_seqs > 0) is the same graph over rows of several sequences, laid out sequence by
@@ -75,6 +76,11 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
     NodeMeta me;
     me.weight = "token_embd.weight";
     int x = b.node(Op::GetRows, {full(tokens)}, n, c.n_embd, me, "token_embd");
+    if (c.embd_scale != 0.0f) {
+        NodeMeta ms;
+        ms.scale = c.embd_scale;
+        x = b.node(Op::Scale, {full(x)}, n, c.n_embd, ms, "token_embd_scale");
+    }
 
     for (int l = 0; l < c.n_layer; l++) {
         const std::string L = "blk." + std::to_string(l) + ".";
@@ -111,7 +117,7 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         mr.layer = l;
         mr.head_dim = c.head_dim;
         mr.rope_dim = c.rope_dim;
-        mr.rope_base = c.rope_base;
+        mr.rope_base = c.is_local(l) ? c.rope_base_local : c.rope_base;
         mr.rope_neox = c.rope_neox;
         q = b.node(Op::Rope, {full(q), full(pos)}, n, q_cols, mr, L + "rope_q");
         k = b.node(Op::Rope, {full(k), full(pos)}, n, kv_cols, mr, L + "rope_k");
@@ -123,7 +129,8 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         ma.head_dim = c.head_dim;
         ma.kv_type = params.kv_type;
         ma.n_ctx = params.n_ctx;
-        ma.attn_scale = float(1.0 / std::sqrt(double(c.head_dim)));
+        ma.attn_scale = c.attn_scale > 0.0f ? c.attn_scale : float(1.0 / std::sqrt(double(c.head_dim)));
+        ma.window = c.is_local(l) ? c.swa_window : 0;
         if (batch) ma.block_size = params.block_size;  // KvStore and Attn over the paged pool
         int st = b.node(Op::KvStore, {full(k), full(v), full(slots)}, n, 1, ma, L + "kv_store");
         std::vector<NodeInput> attn_in = {full(q), full(pos), full(st)};
@@ -133,6 +140,7 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         }
         int att = b.node(Op::Attn, attn_in, n, q_cols, ma, L + "attn");
         int o = matmul(att, L + "attn_output.weight", "", n, c.n_embd, Role::None);
+        if (c.post_norms) o = norm(o, "post_attention_norm.weight", n);
         NodeMeta m0;
         m0.layer = l;
         x = b.node(Op::Add, {full(x), full(o)}, n, c.n_embd, m0, L + "attn_residual");
@@ -151,9 +159,11 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         h = norm(x, "ffn_norm.weight", n);
         int gate = matmul(h, L + "ffn_gate.weight", "", n, c.n_ff, Role::Gate);
         int up = matmul(h, L + "ffn_up.weight", "", n, c.n_ff, Role::Up);
-        int act = b.node(Op::Silu, {full(gate)}, n, c.n_ff, m0, L + "ffn_silu");
+        int act = c.ffn_gelu ? b.node(Op::Gelu, {full(gate)}, n, c.n_ff, m0, L + "ffn_gelu")
+                             : b.node(Op::Silu, {full(gate)}, n, c.n_ff, m0, L + "ffn_silu");
         act = b.node(Op::Mul, {full(act), full(up)}, n, c.n_ff, m0, L + "ffn_mul");
         int down = matmul(act, L + "ffn_down.weight", "", n, c.n_embd, Role::None);
+        if (c.post_norms) down = norm(down, "post_ffw_norm.weight", n);
         x = b.node(Op::Add, {full(x), full(down)}, n, c.n_embd, m0, L + "ffn_residual");
     }
     NodeMeta mn;
@@ -163,6 +173,11 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
     NodeMeta mo;
     mo.weight = c.output_weight;
     b.g.output = b.node(Op::MatMul, {full(x)}, n, c.n_vocab, mo, "output");
+    if (c.final_softcap != 0.0f) {
+        NodeMeta mc;
+        mc.scale = c.final_softcap;
+        b.g.output = b.node(Op::SoftCap, {full(b.g.output)}, n, c.n_vocab, mc, "output_softcap");
+    }
     return b.g;
 }
 

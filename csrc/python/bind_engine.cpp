@@ -39,6 +39,13 @@ void bind_engine(py::module_& m) {
             d["rope_dim"] = c.rope_dim;
             d["rope_neox"] = c.rope_neox;
             d["output_weight"] = c.output_weight;
+            d["sliding_window"] = c.swa_window;
+            d["local_layers"] = [&c] {
+                py::list l;
+                for (int i = 0; i < c.n_layer; i++)
+                    if (c.is_local(i)) l.append(i);
+                return l;
+            }();
             return d;
         })
         .def_property_readonly("weight_bytes", [](const Model& mdl) {

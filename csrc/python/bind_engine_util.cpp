@@ -66,6 +66,13 @@ void meta_from(NodeMeta& m, const py::dict& d) {
         else if (k == "rope_dim") m.rope_dim = v.cast<int>();
         else if (k == "rope_neox") m.rope_neox = v.cast<bool>();
         else if (k == "attn_scale") m.attn_scale = v.cast<float>();
+        else if (k == "window") m.window = v.cast<int>();
+        else if (k == "scale") m.scale = v.cast<float>();
+        else if (k == "act") {
+            const std::string a = py::str(v);
+            if (a != "silu" && a != "gelu") throw py::value_error("act must be 'silu' or 'gelu', got '" + a + "'");
+            m.act = a == "gelu" ? Act::Gelu : Act::Silu;
+        }
         else if (k == "kv_type") m.kv_type = kv_type_from(py::str(v));
         else if (k == "n_ctx") m.n_ctx = v.cast<int>();
         else if (k == "src_row") m.src_row = v.cast<int>();

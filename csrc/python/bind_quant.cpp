@@ -88,6 +88,13 @@ void bind_quant(py::module_& m) {
         return out;
     }, py::arg("g"), py::arg("u"), py::arg("isa") = py::none(), "the FFN gate silu(g) * u with one ISA's kernel");
 
+    m.def("geglu", [](F32Array g, F32Array u, const py::object& isa) {
+        if (g.size() != u.size()) throw MinferError(strfmt("geglu: g has %zd values, u %zd", g.size(), u.size()));
+        py::array_t<float> out(g.size());
+        dot_kernels(isa_from(isa)).geglu(g.data(), u.data(), out.mutable_data(), int64_t(g.size()));
+        return out;
+    }, py::arg("g"), py::arg("u"), py::arg("isa") = py::none(), "gemma's FFN gate gelu(g) * u (tanh form), one ISA's kernel");
+
     m.def("vec_dot", [](uint32_t type, const py::array& w, const py::array& a, const py::object& isa) {
         Bytes wb = bytes_of(w, "w"), ab = bytes_of(a, "a");
         int64_t n = values_in(type, wb.n, "vec_dot weights");

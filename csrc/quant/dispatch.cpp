@@ -36,6 +36,7 @@ DotKernels make_dot_table(Isa isa, const DotFns& f) {
     t.isa = isa;
     t.quantize = quantize_row_act;
     t.swiglu = swiglu_row_ref;
+    t.geglu = geglu_row_ref;
     for (auto& fn : t.dot) fn = nullptr;
     for (auto& fn : t.rows) fn = nullptr;
     for (auto& fn : t.tile4) fn = nullptr;

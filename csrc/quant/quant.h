@@ -75,11 +75,15 @@ typedef void (*act_quantize_fn)(uint32_t type, const float* x, void* y, int64_t 
 // The FFN gate over n values: y = silu(g) * u = g u / (1 + e^-g) (y may be g or u).
 typedef void (*swiglu_fn)(const float* g, const float* u, float* y, int64_t n);
 void swiglu_row_ref(const float* g, const float* u, float* y, int64_t n);  // with std::exp
+// gemma's gate, GELU in its tanh form: y = gelu(g) * u = g u / (1 + e^(-2z)), z = sqrt(2/pi) (g + 0.044715 g^3)
+// (0.5 (1 + tanh z) = 1 / (1 + e^(-2z))); same signature.
+void geglu_row_ref(const float* g, const float* u, float* y, int64_t n);  // with std::exp
 
 struct DotKernels {
     Isa isa;
     act_quantize_fn quantize;           // quantize_row_act, or this ISA's faster one (the same bytes)
     swiglu_fn swiglu;                   // swiglu_row_ref, or this ISA's (both within 4 ulp of float64)
+    swiglu_fn geglu;                    // geglu_row_ref, or this ISA's
     vec_dot_fn dot[GGML_TYPE_COUNT];    // nullptr where the weight type has no kernel
     vec_dot_rows_fn rows[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls dot)
     vec_dot_tile4_fn tile4[GGML_TYPE_COUNT];  // nullptr where there is none (the GEMM calls rows)

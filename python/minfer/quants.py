@@ -75,6 +75,12 @@ def swiglu(g: np.ndarray, u: np.ndarray, isa: str | None = None) -> np.ndarray:
     return _minfer.swiglu(f32(g), f32(u), isa)
 
 
+def geglu(g: np.ndarray, u: np.ndarray, isa: str | None = None) -> np.ndarray:
+    """gelu(g) * u, GELU in its tanh form (flat float32), with one ISA's kernel (gemma's FFN gate)."""
+    f32 = lambda a: np.ascontiguousarray(a, dtype=np.float32).ravel()  # noqa: E731
+    return _minfer.geglu(f32(g), f32(u), isa)
+
+
 def vec_dot(t: int, w: np.ndarray, a: np.ndarray, isa: str | None = None) -> float:
     """dot(weight blocks of type t, activation blocks of vec_dot_type(t)) with one ISA's kernel."""
     return _minfer.vec_dot(int(t), np.ascontiguousarray(w), np.ascontiguousarray(a), isa)

@@ -71,6 +71,35 @@ float softmax_unnormalized(float* s, int nk) {
 void scores(const float* q, const float* K, int nk, int hd, float scale, float* s) {
     int j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
+    auto sum4 = [&](__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
+        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(scale)));
+    };
+    if (hd % 64 == 0 && hd > 128) {
+        // Wide heads (gemma: 256): q in slices of 64 dims (8 registers), each key's products accumulated
+        // slice after slice into its own register, 8 or 4 keys a pass (the same chain for a key either way).
+        auto dots = [&](const float* k, int n_keys, __m256* a) {
+            for (int t = 0; t < n_keys; t++) a[t] = _mm256_setzero_ps();
+            for (int d0 = 0; d0 < hd; d0 += 64) {
+                __m256 qv[8];
+                for (int v = 0; v < 8; v++) qv[v] = _mm256_loadu_ps(q + d0 + 8 * v);
+                for (int v = 0; v < 8; v++)
+                    for (int t = 0; t < n_keys; t++)
+                        a[t] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + size_t(t) * size_t(hd) + d0 + 8 * v), a[t]);
+            }
+        };
+        __m256 a[8];
+        for (; j + 8 <= nk; j += 8) {
+            dots(K + size_t(j) * size_t(hd), 8, a);
+            sum4(a[0], a[1], a[2], a[3], s + j);
+            sum4(a[4], a[5], a[6], a[7], s + j + 4);
+        }
+        for (; j + 4 <= nk; j += 4) {
+            dots(K + size_t(j) * size_t(hd), 4, a);
+            sum4(a[0], a[1], a[2], a[3], s + j);
+        }
+    }
     if (hd % 8 == 0 && hd <= 128) {
         const int nv = hd / 8;
         __m256 qv[16];
@@ -79,11 +108,6 @@ void scores(const float* q, const float* K, int nk, int hd, float scale, float* 
             __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
             for (int v = 1; v < nv; v++) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), acc);
             return acc;
-        };
-        auto sum4 = [&](__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
-            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-            __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-            _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(scale)));
         };
         // eight keys at a time: eight independent chains of multiply-adds hide their latency
         for (; j + 8 <= nk; j += 8) {
@@ -189,7 +213,7 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool, const KvPages* pages) {
+                   int head_dim, float scale, int window, ThreadPool& pool, const KvPages* pages) {
     const int group = n_head / n_head_kv;
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
     // Runs of query rows that share one sequence's keys: the whole step for one sequence, each sequence's
@@ -245,28 +269,35 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         auto row_of = [&](int j) { return table ? size_t(table[j / bs]) * size_t(bs) + size_t(j % bs) : size_t(j); };
         if (h0 >= h1) return;
         const int nh = h1 - h0;
-        int n_keys = 0;
-        for (int64_t r = r0; r < r1; r++) n_keys = std::max(n_keys, pos[r] + 1);
+        // row r sees keys [first_key(r), pos[r]]; the task, keys [k_lo, n_keys)
+        auto first_key = [&](int64_t r) { return window > 0 ? std::max(0, pos[r] - window + 1) : 0; };
+        int n_keys = 0, k_lo = pos[r0];
+        for (int64_t r = r0; r < r1; r++) {
+            n_keys = std::max(n_keys, pos[r] + 1);
+            k_lo = std::min(k_lo, first_key(r));
+        }
+        const int span = n_keys - k_lo;
         // per-thread scratch, reused across calls: one chunk of keys or values, the scores of every
-        // (row, head) of the task ([rows][heads][n_keys]) and their softmax factors
+        // (row, head) of the task ([rows][heads][span], key j at j - k_lo) and their softmax factors
         thread_local std::vector<float> C, S, inv;
         C.resize(size_t(kChunk) * size_t(head_dim));
-        S.resize(size_t(r1 - r0) * size_t(nh) * size_t(n_keys));
+        S.resize(size_t(r1 - r0) * size_t(nh) * size_t(span));
         inv.resize(size_t(r1 - r0) * size_t(nh));
         // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
         // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
         const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
         // each chunk of the cache, converted once, to every row of the task that sees part of it (fn serves
-        // the task's heads): fn(row, first position, visible positions of the chunk)
+        // the task's heads): fn(row, first key, keys, its offset in the chunk).  Chunks start at multiples of
+        // kChunk and a row's keys in a chunk depend only on its position, so its arithmetic does too.
         // Each row converted asks for the matching row of the next chunk, into L2 (prefetcht1): the
         // fetch then has a whole chunk's arithmetic to arrive in.  A core has few L1 miss slots, and
         // prefetches into L1 held them and stalled the conversion's own loads (a cold 295 KB walk with
         // a chunk's work between chunks: 67 us without prefetch, 56 into L1, 45 into L2).
         auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
             const int hdim = head_dim;  // a local: the stores below could alias the captured one
-            for (int j0 = 0; j0 < n_keys; j0 += kChunk) {
+            for (int j0 = k_lo / kChunk * kChunk; j0 < n_keys; j0 += kChunk) {
                 const int n = std::min(kChunk, n_keys - j0);
-                for (int j = 0; j < n; j++) {
+                for (int j = std::max(0, k_lo - j0); j < n; j++) {
                     if (j0 + j + kChunk < n_keys)
                         for (size_t b = 0; b < slice; b += 64)
                             __builtin_prefetch(cache + row_of(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
@@ -276,26 +307,30 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                     else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
                 }
                 for (int64_t r = r0; r < r1; r++) {
-                    const int nk = std::min(n, pos[r] + 1 - j0);
-                    if (nk > 0) fn(r, j0, nk);
+                    const int a = std::max(j0, first_key(r)), e = std::min(j0 + n, pos[r] + 1);
+                    if (a < e) fn(r, a, e - a, a - j0);
                 }
             }
         };
         auto at = [&](int64_t r, int h) { return size_t(r - r0) * size_t(nh) + size_t(h - h0); };
-        auto scores_of = [&](int64_t r, int h) { return &S[at(r, h) * size_t(n_keys)]; };
-        over_chunks(k_cache, [&](int64_t r, int j0, int nk) {
+        auto score = [&](int64_t r, int h, int j) { return &S[at(r, h) * size_t(span) + size_t(j - k_lo)]; };
+        over_chunks(k_cache, [&](int64_t r, int j, int nk, int c) {
             for (int h = h0; h < h1; h++)
-                scores(q + r * q_ld + int64_t(h) * head_dim, C.data(), nk, head_dim, scale, scores_of(r, h) + j0);
+                scores(q + r * q_ld + int64_t(h) * head_dim, &C[size_t(c) * size_t(head_dim)], nk, head_dim, scale,
+                       score(r, h, j));
         });
         for (int64_t r = r0; r < r1; r++)
-            for (int h = h0; h < h1; h++) inv[at(r, h)] = softmax_unnormalized(scores_of(r, h), pos[r] + 1);
-        over_chunks(v_cache, [&](int64_t r, int j0, int nk) {
+            for (int h = h0; h < h1; h++)
+                inv[at(r, h)] = softmax_unnormalized(score(r, h, first_key(r)), pos[r] + 1 - first_key(r));
+        over_chunks(v_cache, [&](int64_t r, int j, int nk, int c) {
             auto y = [&](int h) { return out + r * out_ld + int64_t(h) * head_dim; };
+            const float* V = &C[size_t(c) * size_t(head_dim)];
+            const bool first = j == first_key(r);
             int h = h0;
             for (; has_weighted_sum2(head_dim) && h + 2 <= h1; h += 2)
-                weighted_sum2(scores_of(r, h) + j0, inv[at(r, h)], scores_of(r, h + 1) + j0, inv[at(r, h + 1)], C.data(),
-                              nk, head_dim, y(h), y(h + 1), j0 == 0);
-            for (; h < h1; h++) weighted_sum(scores_of(r, h) + j0, inv[at(r, h)], C.data(), nk, head_dim, y(h), j0 == 0);
+                weighted_sum2(score(r, h, j), inv[at(r, h)], score(r, h + 1, j), inv[at(r, h + 1)], V, nk, head_dim, y(h),
+                              y(h + 1), first);
+            for (; h < h1; h++) weighted_sum(score(r, h, j), inv[at(r, h)], V, nk, head_dim, y(h), first);
         });
     });
 }

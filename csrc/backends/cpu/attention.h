@@ -28,11 +28,11 @@ struct KvPages {
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
                   uint8_t* k_cache, uint8_t* v_cache, const KvLayout& kv);
 
-// out[r, h] = softmax_j(q[r, h] . K[j, g] * scale) V[j, g] over j = 0..pos[r],
-// g = h / (n_head / n_head_kv); pages: null for one sequence, else K/V row j of row r's sequence is found
+// out[r, h] = softmax_j(q[r, h] . K[j, g] * scale) V[j, g] over j = 0..pos[r] (window > 0: over
+// j = pos[r] - window + 1..pos[r]), g = h / (n_head / n_head_kv); pages: null for one sequence, else K/V row j of row r's sequence is found
 // through its block table.
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, ThreadPool& pool, const KvPages* pages = nullptr);
+                   int head_dim, float scale, int window, ThreadPool& pool, const KvPages* pages = nullptr);
 
 }  // namespace minfer

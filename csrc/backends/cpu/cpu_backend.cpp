@@ -22,7 +22,8 @@ bool CpuBackend::supports_op(const Node& node) const {
 }
 
 bool CpuBackend::supports_fused(Op fused) const {
-    return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN;
+    return fused == Op::SwiGLU || fused == Op::GeGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm ||
+           fused == Op::FusedFFN;
 }
 
 void CpuBackend::add_bias(const std::string& bias, float* y, int64_t ld, int64_t rows, int64_t cols) {
@@ -58,8 +59,8 @@ void CpuBackend::ffn(const Node& node, const ExecArgs& args) {
     float* y = at(args.out);
     MatJob jobs[2] = {{wg.data, wg.type, wg.rows(), scratch_.data(), n_ff}, {wu.data, wu.type, wu.rows(), y, args.out.ld}};
     matmul_jobs(jobs, 2, wg.cols(), at(args.in[0]), args.in[0].ld, rows, *pool_, *kernels_);
-    cpu_elementwise(Elementwise::SwiGLU, scratch_.data(), n_ff, y, args.out.ld, y, args.out.ld, rows, n_ff, *pool_,
-                    kernels_->swiglu);
+    cpu_elementwise(node.meta.act == Act::Gelu ? Elementwise::GeGLU : Elementwise::SwiGLU, scratch_.data(), n_ff, y,
+                    args.out.ld, y, args.out.ld, rows, n_ff, *pool_, *kernels_);
 }
 
 void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
@@ -115,7 +116,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
                          m.block_size};
             cpu_attention(at(a.in[0]), a.in[0].ld, at(a.out), a.out.ld, rows, (const int32_t*)at(a.in[1]),
                           (const uint8_t*)ptr(a.kv_k), (const uint8_t*)ptr(a.kv_v), kv, m.n_head, m.n_head_kv,
-                          m.head_dim, m.attn_scale, *pool_, m.block_size > 0 ? &pages : nullptr);
+                          m.head_dim, m.attn_scale, m.window, *pool_, m.block_size > 0 ? &pages : nullptr);
             return;
         }
         case Op::PickRows: {
@@ -127,15 +128,15 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
             }
             return;
         }
-        case Op::Add:
-        case Op::Mul:
-        case Op::SwiGLU:
-        case Op::Silu: {
-            Elementwise f = node.op == Op::Add ? Elementwise::Add : node.op == Op::Mul ? Elementwise::Mul
-                          : node.op == Op::Silu ? Elementwise::Silu : Elementwise::SwiGLU;
-            const bool binary = node.op != Op::Silu;
+        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU: case Op::Gelu: case Op::GeGLU: case Op::Scale:
+        case Op::SoftCap: {
+            const Elementwise f = node.op == Op::Add ? Elementwise::Add : node.op == Op::Mul ? Elementwise::Mul
+                                : node.op == Op::Silu ? Elementwise::Silu : node.op == Op::SwiGLU ? Elementwise::SwiGLU
+                                : node.op == Op::Gelu ? Elementwise::Gelu : node.op == Op::GeGLU ? Elementwise::GeGLU
+                                : node.op == Op::Scale ? Elementwise::Scale : Elementwise::SoftCap;
+            const bool binary = node.op == Op::Add || node.op == Op::Mul || node.op == Op::SwiGLU || node.op == Op::GeGLU;
             cpu_elementwise(f, at(a.in[0]), a.in[0].ld, binary ? at(a.in[1]) : nullptr, binary ? a.in[1].ld : 0, at(a.out),
-                            a.out.ld, rows, cols, *pool_, kernels_->swiglu);
+                            a.out.ld, rows, cols, *pool_, *kernels_, m.scale);
             return;
         }
         case Op::FusedQKV:

@@ -64,7 +64,8 @@ void cpu_rope(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t rows
 }
 
 void cpu_elementwise(Elementwise f, const float* a, int64_t a_ld, const float* b, int64_t b_ld, float* y,
-                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool, swiglu_fn swiglu) {
+                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool, const DotKernels& kernels,
+                     float s) {
     for_rows(rows, cols, pool, [&](int64_t r) {
         const float* ar = a + r * a_ld;
         const float* br = b ? b + r * b_ld : nullptr;
@@ -73,7 +74,16 @@ void cpu_elementwise(Elementwise f, const float* a, int64_t a_ld, const float* b
             case Elementwise::Add: for (int64_t i = 0; i < cols; i++) yr[i] = ar[i] + br[i]; break;
             case Elementwise::Mul: for (int64_t i = 0; i < cols; i++) yr[i] = ar[i] * br[i]; break;
             case Elementwise::Silu: for (int64_t i = 0; i < cols; i++) yr[i] = silu(ar[i]); break;
-            case Elementwise::SwiGLU: swiglu(ar, br, yr, cols); break;
+            case Elementwise::SwiGLU: kernels.swiglu(ar, br, yr, cols); break;
+            case Elementwise::GeGLU: kernels.geglu(ar, br, yr, cols); break;
+            case Elementwise::Gelu: {  // the gate's kernel times a row of ones
+                thread_local std::vector<float> ones;
+                ones.resize(size_t(cols), 1.0f);
+                kernels.geglu(ar, ones.data(), yr, cols);
+                break;
+            }
+            case Elementwise::Scale: for (int64_t i = 0; i < cols; i++) yr[i] = ar[i] * s; break;
+            case Elementwise::SoftCap: for (int64_t i = 0; i < cols; i++) yr[i] = s * std::tanh(ar[i] / s); break;
         }
     });
 }

@@ -20,9 +20,11 @@ void cpu_rmsnorm(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t r
 void cpu_rope(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t rows, int n_head, int head_dim,
               int rope_dim, float base, bool neox, const int32_t* pos, ThreadPool& pool);
 
-enum class Elementwise { Add, Mul, Silu, SwiGLU };
-// y = f(a, b) (b unused for Silu); SwiGLU (a the gate) by `swiglu`, the ISA's row kernel.
+enum class Elementwise { Add, Mul, Silu, SwiGLU, Gelu, GeGLU, Scale, SoftCap };
+// y = f(a, b) (b unused for the unary ones); the gates (a the gate) by the ISA's row kernels; Scale: a * s,
+// SoftCap: s tanh(a / s).
 void cpu_elementwise(Elementwise f, const float* a, int64_t a_ld, const float* b, int64_t b_ld, float* y,
-                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool, swiglu_fn swiglu);
+                     int64_t y_ld, int64_t rows, int64_t cols, ThreadPool& pool, const DotKernels& kernels,
+                     float s = 1.0f);
 
 }  // namespace minfer

@@ -15,6 +15,9 @@ namespace minfer {
 namespace {
 
 double silu(double v) { return v / (1.0 + std::exp(-v)); }
+// GELU, tanh form: 0.5 x (1 + tanh z), z = sqrt(2 / pi) (x + 0.044715 x^3), as x / (1 + e^(-2z)) (1 + tanh z
+// cancels for z < -18).
+double gelu(double v) { return v / (1.0 + std::exp(-2.0 * std::sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v))); }
 
 // y = x / sqrt(mean(x^2) + eps) * w over one group of n values.
 void rmsnorm(const float* x, float* y, int64_t n, const float* w, double eps) {
@@ -185,17 +188,18 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                 for (int h = 0; h < m.n_head; h++) {
                     const int64_t col = int64_t(h / group) * m.head_dim;
                     const float* qh = in(0, r) + int64_t(h) * m.head_dim;
+                    const int lo = m.window > 0 ? std::max(0, p - m.window + 1) : 0;  // the first key it sees
                     std::vector<double> s(size_t(p) + 1), o(size_t(m.head_dim), 0.0);
                     double mx = -INFINITY, sum = 0.0;
-                    for (int j = 0; j <= p; j++) {
+                    for (int j = lo; j <= p; j++) {
                         kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_k) + row_of(j) * rb, col, kr.data(), m.head_dim);
                         double d = 0.0;
                         for (int i = 0; i < m.head_dim; i++) d += double(qh[i]) * kr[size_t(i)];
                         s[size_t(j)] = d * m.attn_scale;
                         mx = std::max(mx, s[size_t(j)]);
                     }
-                    for (int j = 0; j <= p; j++) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
-                    for (int j = 0; j <= p; j++) {
+                    for (int j = lo; j <= p; j++) sum += (s[size_t(j)] = std::exp(s[size_t(j)] - mx));
+                    for (int j = lo; j <= p; j++) {
                         kv_read_row(m.kv_type, (const uint8_t*)ptr(a.kv_v) + row_of(j) * rb, col, vr.data(), m.head_dim);
                         for (int i = 0; i < m.head_dim; i++) o[size_t(i)] += s[size_t(j)] / sum * vr[size_t(i)];
                     }
@@ -204,19 +208,31 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
             }
             return;
         }
-        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU: case Op::Gelu: case Op::GeGLU: case Op::Scale:
+        case Op::SoftCap: {
+            const bool unary = node.op == Op::Silu || node.op == Op::Gelu || node.op == Op::Scale || node.op == Op::SoftCap;
             for (int64_t r = 0; r < rows; r++) {
                 const float* x = in(0, r);
-                const float* y = node.op == Op::Silu ? nullptr : in(1, r);
+                const float* y = unary ? nullptr : in(1, r);
                 float* o = out(r);
                 for (int64_t i = 0; i < cols; i++) {
-                    double v = node.op == Op::Add ? double(x[i]) + y[i]
-                             : node.op == Op::Mul ? double(x[i]) * y[i]
-                             : node.op == Op::Silu ? silu(x[i]) : silu(x[i]) * y[i];
+                    const double a = x[i];
+                    double v = 0.0;
+                    switch (node.op) {
+                        case Op::Add: v = a + y[i]; break;
+                        case Op::Mul: v = a * y[i]; break;
+                        case Op::Silu: v = silu(a); break;
+                        case Op::SwiGLU: v = silu(a) * y[i]; break;
+                        case Op::Gelu: v = gelu(a); break;
+                        case Op::GeGLU: v = gelu(a) * y[i]; break;
+                        case Op::Scale: v = a * m.scale; break;
+                        default: v = m.scale * std::tanh(a / m.scale); break;  // SoftCap
+                    }
                     o[i] = float(v);
                 }
             }
             return;
+        }
         default:
             break;
     }
