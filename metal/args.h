@@ -19,9 +19,11 @@ struct AddNormArgs {  // AddRmsNorm: y[:, :width] = a + b, y[:, width:] = RmsNor
     float eps;
 };
 
-enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3, EW_COPY = 4 };
+enum EwOp { EW_ADD = 0, EW_MUL = 1, EW_SILU = 2, EW_SWIGLU = 3, EW_COPY = 4, EW_GELU = 5, EW_GEGLU = 6, EW_SCALE = 7,
+            EW_SOFTCAP = 8 };
 struct EwArgs {
     uint cols, a_ld, b_ld, y_ld, op;
+    float scale;  // EW_SCALE's factor, EW_SOFTCAP's cap
 };
 
 struct RopeArgs {     // freq[i] = base^(-2i / rope_dim), computed by the host in double

@@ -88,17 +88,20 @@ def test_add_rms_norm(k, rng, width, threads):
     assert np.abs(y[:, width:] - ref).max() <= 16 * U * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("op", range(5), ids=["add", "mul", "silu", "swiglu", "copy"])
+@pytest.mark.parametrize("op", range(9), ids=["add", "mul", "silu", "swiglu", "copy", "gelu", "geglu", "scale", "softcap"])
 def test_elementwise(k, rng, op):
+    """Each op within 4 f32 ulps of float64 at the output's scale (softcap at 30 over inputs up to ~150)."""
     rows, cols = 2, 8960
-    a = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    a = (rng.standard_normal((rows, cols)) * (40 if op == 8 else 4)).astype(np.float32)
     b = rng.standard_normal((rows, cols)).astype(np.float32)
     y = np.full((rows, cols), np.nan, np.float32)
-    k.dispatch("elementwise", {0: pack("IIIII", cols, cols, cols, cols, op), 1: a, 2: b, 3: y},
+    scale = {7: float(np.sqrt(np.float32(640))), 8: 30.0}.get(op, 1.0)
+    k.dispatch("elementwise", {0: pack("IIIIIf", cols, cols, cols, cols, op, scale), 1: a, 2: b, 3: y},
                grid=((cols + 255) // 256, rows, 1), tg=(256, 1, 1))
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     silu = a64 / (1 + np.exp(-a64))
-    ref = [a64 + b64, a64 * b64, silu, silu * b64, a64][op]
+    gelu = 0.5 * a64 * (1 + np.tanh(np.sqrt(2 / np.pi) * (a64 + 0.044715 * a64 ** 3)))
+    ref = [a64 + b64, a64 * b64, silu, silu * b64, a64, gelu, gelu * b64, a64 * scale, scale * np.tanh(a64 / scale)][op]
     assert np.abs(y - ref).max() <= 4 * U * np.abs(ref).max()
 
 

@@ -102,7 +102,7 @@ int cluster_merge_splits(const AttnShape& a, int S) {
 }
 
 bool attention_uses_tensor_cores(const AttnShape& a) {
-    return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
+    return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
 }
 
 int attention_splits(const AttnShape& a) {
@@ -135,7 +135,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     }
     const int S = attention_splits(a);
     check_splits(a, S);
-    const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128);
+    const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
     const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
@@ -182,7 +182,7 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
     const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));
     // f16 rows of 64 or 128 in blocks of whole warps' 32 positions: the decode kernel's coalesced warps, a row each
     if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
-        decode_f16_kernel_on()) {
+        a.window == 0 && decode_f16_kernel_on()) {
         const int group = paged_head_group(a, S);
         auto kernel = group > 1 ? (a.head_dim == 64 ? attention_decode_f16<64, true> : attention_decode_f16<128, true>)
                                 : (a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>);

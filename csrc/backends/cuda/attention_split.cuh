@@ -44,11 +44,14 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     for (int d = threadIdx.x; d < hd; d += kThreads) qs[d] = q[int64_t(r) * ldq + int64_t(h) * hd + d];
     __syncthreads();
 
+    const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;  // the first key the row sees
     float m = -INFINITY, l = 0.0f, o[kMaxHeadDim / kThreads] = {0.0f, 0.0f};
     for (int c = z; c * kChunk <= p; c += S) {
+        if ((c + 1) * kChunk <= lo) continue;  // wholly before the window (uniform over the block)
         const int j0 = c * kChunk, n = min(kChunk, p + 1 - j0);
+        const bool seen = int(threadIdx.x) < n && j0 + int(threadIdx.x) >= lo;
         float sc = -INFINITY;
-        if (int(threadIdx.x) < n) {
+        if (seen) {
             float dot = 0.0f;
             // unrolled by 8 (a loop bounded by hd issued the row's loads one latency apart: about half the
             // kernel's time at a short context); fully unrolled, the registers cost more at long contexts
@@ -65,7 +68,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
         }
         const float cm = block_max(sc, scratch);
         const float nm = fmaxf(m, cm), corr = expf(m - nm);  // exp(-inf) = 0 on the first chunk
-        const float e = int(threadIdx.x) < n ? expf(sc - nm) : 0.0f;
+        const float e = seen ? expf(sc - nm) : 0.0f;
         s[threadIdx.x] = e;
         const float cs = block_sum(e, scratch);  // its barriers also publish s[] to every thread
         l = l * corr + cs;
@@ -76,7 +79,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
         for (int i = 0; i < kMaxHeadDim / 32; i++) acc[i] = 0.0f;
         const int jw = warp * 32, jn = min(n, jw + 32);
 #pragma unroll 8
-        for (int jj = jw; jj < jn; jj++) {
+        for (int jj = max(jw, lo - j0); jj < jn; jj++) {
             const float w = s[jj];
 #pragma unroll
             for (int i = 0; i < kMaxHeadDim / 32; i++)

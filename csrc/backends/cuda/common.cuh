@@ -30,6 +30,11 @@ __device__ __forceinline__ uint32_t u32_at2(const uint8_t* p) {  // 2-byte align
     return uint32_t(h[0]) | uint32_t(h[1]) << 16;
 }
 
+// GELU, tanh form, as x / (1 + e^(-2z)), z = sqrt(2/pi) (x + 0.044715 x^3): the CPU kernels' arithmetic.
+__device__ __forceinline__ float gelu(float x) {
+    return x / (1.0f + expf(-1.5957691216f * x * (1.0f + 0.044715f * x * x)));
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -154,6 +154,7 @@ bool CudaBackend::supports_op(const Node& node) const {
                         node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256;  // the cache's kernels
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::PickRows: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+        case Op::Gelu: case Op::GeGLU: case Op::Scale: case Op::SoftCap:
             return true;
         case Op::RmsNorm: case Op::QkNorm: case Op::AddRmsNorm:
             return f32_weight(node.meta.weight);

@@ -77,7 +77,7 @@ class CudaBackend : public Backend {
     bool supports_op(const Node& node) const override;
     bool supports_fused(Op fused) const override {
         if (fused == Op::FusedQkvRope) return qkv_rope_mode() != QkvRope::Off;
-        return fused == Op::SwiGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
+        return fused == Op::SwiGLU || fused == Op::GeGLU || fused == Op::FusedQKV || fused == Op::FusedQkvNorm || fused == Op::FusedFFN ||
                fused == Op::RopeKvStore || fused == Op::AddRmsNorm;
     }
     bool has_weight(const std::string& name) const override { return weights_.count(name) != 0; }

@@ -35,7 +35,9 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             if (swiglu && i == 1) run(p, up, p.n_out, nullptr, partial);
             else run(p, y + p.y_col, ldy, p.bias, partial);
         }
-        if (swiglu) cuda::elementwise(Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows, int(parts[1].n_out), stream_);
+        if (swiglu)
+            cuda::elementwise(node.meta.act == Act::Gelu ? Ew::GeGLU : Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows,
+                              int(parts[1].n_out), stream_);
         return false;
     };
     // A batch step's products (2-64 rows): two rows of Q4_K/Q6_K weights the 8-bit matvec's rows kernel, which
@@ -82,6 +84,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         MatvecArgs m;
         m.n_parts = int(parts.size());
         m.swiglu = swiglu;
+        m.gelu = swiglu && node.meta.act == Act::Gelu;
         m.K = K;
         bool q8 = decode_q8_ || two_rows;
         for (size_t i = 0; i < parts.size(); i++) {
@@ -249,14 +252,15 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::Attn: {
             if (m.block_size > 0) {  // a batch step over the paged pool
                 const int max_blocks = int(a.in[4].ld);
-                AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, max_blocks * m.block_size, m.kv_type, m.attn_scale};
+                AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, max_blocks * m.block_size, m.kv_type, m.attn_scale,
+                            m.window};
                 const size_t need = cuda::attention_paged_scratch_floats(s);
                 float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
                 cuda::KvPages pg{(const int32_t*)at(a.in[3]), (const int32_t*)at(a.in[4]), max_blocks, m.block_size};
                 return cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
                                              raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_);
             }
-            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale};
+            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale, m.window};
             const size_t need = attention_scratch_floats(s);
             float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
             cuda::Q8Act q8;  // decode with a combine step: also the output as the O projection's 8-bit activations
@@ -269,11 +273,14 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
             return;
         }
-        case Op::Add: case Op::Mul: case Op::SwiGLU:
-            return cuda::elementwise(node.op == Op::Add ? Ew::Add : node.op == Op::Mul ? Ew::Mul : Ew::SwiGLU,
+        case Op::Add: case Op::Mul: case Op::SwiGLU: case Op::GeGLU:
+            return cuda::elementwise(node.op == Op::Add ? Ew::Add : node.op == Op::Mul ? Ew::Mul
+                                     : node.op == Op::SwiGLU ? Ew::SwiGLU : Ew::GeGLU,
                                      at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, cols, stream_);
-        case Op::Silu:
-            return cuda::elementwise(Ew::Silu, at(a.in[0]), ld(0), nullptr, 0, at(a.out), a.out.ld, rows, cols, stream_);
+        case Op::Silu: case Op::Gelu: case Op::Scale: case Op::SoftCap:
+            return cuda::elementwise(node.op == Op::Silu ? Ew::Silu : node.op == Op::Gelu ? Ew::Gelu
+                                     : node.op == Op::Scale ? Ew::Scale : Ew::SoftCap,
+                                     at(a.in[0]), ld(0), nullptr, 0, at(a.out), a.out.ld, rows, cols, stream_, m.scale);
         default:
             throw MinferError(strfmt("CUDA backend cannot execute node '%s' (op %s)", node.name.c_str(), op_name(node.op)));
     }

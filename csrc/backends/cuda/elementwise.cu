@@ -14,7 +14,7 @@ namespace {
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t lda, const float* __restrict__ b,
-                                   int64_t ldb, float* y, int64_t ldy, int cols) {
+                                   int64_t ldb, float* y, int64_t ldy, int cols, float scale) {
     pdl_start();
     const int r = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -25,7 +25,11 @@ __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t l
         case Ew::Add: v = x + b[int64_t(r) * ldb + c]; break;
         case Ew::Mul: v = x * b[int64_t(r) * ldb + c]; break;
         case Ew::Silu: v = silu(x); break;
-        default: v = silu(x) * b[int64_t(r) * ldb + c]; break;
+        case Ew::SwiGLU: v = silu(x) * b[int64_t(r) * ldb + c]; break;
+        case Ew::Gelu: v = gelu(x); break;
+        case Ew::GeGLU: v = gelu(x) * b[int64_t(r) * ldb + c]; break;
+        case Ew::Scale: v = x * scale; break;
+        default: v = scale * tanhf(x / scale); break;  // SoftCap
     }
     y[int64_t(r) * ldy + c] = v;
 }
@@ -130,9 +134,9 @@ void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaS
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
-                 int cols, cudaStream_t s) {
+                 int cols, cudaStream_t s, float scale) {
     launch("elementwise", elementwise_kernel, dim3(unsigned((cols + 255) / 256), unsigned(rows)), dim3(256), 0, s, op, a,
-           lda, b, ldb, y, ldy, cols);
+           lda, b, ldb, y, ldy, cols, scale);
 }
 
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s) {

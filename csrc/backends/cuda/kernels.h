@@ -48,6 +48,7 @@ struct MatvecArgs {
     MatvecPart part[3];
     int n_parts = 1;
     bool swiglu = false;
+    bool gelu = false;  // with swiglu: the gate's activation is GELU (gemma), not SiLU
     int64_t K = 0;
     const float* x = nullptr;
     int64_t ldx = 0;
@@ -157,6 +158,7 @@ struct AttnShape {
     int rows, n_head, n_head_kv, head_dim, n_ctx;
     uint32_t kv_type;
     float scale;
+    int window = 0;  // > 0: a row at p sees keys p - window < j <= p (the general kernel only)
 };
 // A batch step's paged KV (null seq: one sequence, row = position): key j of row r's sequence is in pool
 // block tables[seq[r] * max_blocks + j / block_size].
@@ -180,9 +182,10 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
                      cudaStream_t s);
 
 // Elementwise ops (elementwise.cu).
-enum class Ew { Add, Mul, Silu, SwiGLU };
+enum class Ew { Add, Mul, Silu, SwiGLU, Gelu, GeGLU, Scale, SoftCap };
+// scale: Scale's factor, SoftCap's cap.
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
-                 int cols, cudaStream_t s);
+                 int cols, cudaStream_t s, float scale = 1.0f);
 // out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
 // partial: kArgmaxBlocks floats + kArgmaxBlocks ints of device scratch.
 constexpr int kArgmaxBlocks = 1024;

@@ -34,7 +34,7 @@ __device__ __forceinline__ void store_warp_row(const MatvecArgs& a, const WarpRo
                                                const float* acc2) {
     const MatvecPart& A = a.part[w.p];
     for (int r = 0; r < a.n_rows; r++) {
-        if (a.swiglu) a.y[r * a.ldy + w.o] = acc[r] / (1.0f + expf(-acc[r])) * acc2[r];
+        if (a.swiglu) a.y[r * a.ldy + w.o] = (a.gelu ? gelu(acc[r]) : acc[r] / (1.0f + expf(-acc[r]))) * acc2[r];
         else a.y[r * a.ldy + A.y_col + w.o] = acc[r] + (A.bias ? A.bias[w.o] : 0.0f);
     }
 }

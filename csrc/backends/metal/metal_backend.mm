@@ -294,6 +294,7 @@ bool MetalBackend::supports_op(const Node& node) const {
     if (cpu_ops_.count(node.op)) return false;
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
+        case Op::Gelu: case Op::GeGLU: case Op::Scale: case Op::SoftCap:
             return true;
         case Op::RmsNorm: case Op::QkNorm: case Op::AddRmsNorm:
             return has(node.meta.weight, true);
@@ -315,6 +316,9 @@ bool MetalBackend::supports_op(const Node& node) const {
         case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             // a batch step's paged pool: no Metal kernels yet, so the pool and its ops live on the CPU
             if (node.meta.block_size > 0) return false;
+            // gemma's local layers: the sliding window has no Metal kernel yet, so their cache and attention
+            // live on the CPU
+            if (node.meta.window > 0) return false;
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;
@@ -571,7 +575,7 @@ void MetalBackend::project(const Node& node, const ExecArgs& a, const std::vecto
                      MTLSizeMake((p.n + 63) / 64, (rows + 31) / 32, 1), MTLSizeMake(128, 1, 1),
                      {64 * 32 * 4, 32 * 32 * 4, 32 * 64 * 4});
             if (p.bias) {
-                EwArgs e{p.n, y_ld, 0, y_ld, EW_ADD};  // b_ld 0: the bias row for every row
+                EwArgs e{p.n, y_ld, 0, y_ld, EW_ADD, 1.0f};  // b_ld 0: the bias row for every row
                 dispatch("elementwise", &e, sizeof e, {dst, Bound{p.bias->buffer, p.bias->offset, p.n * 4}, dst},
                          MTLSizeMake((p.n + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
             }
@@ -579,7 +583,7 @@ void MetalBackend::project(const Node& node, const ExecArgs& a, const std::vecto
         if (!swiglu) return;
     }
     const Bound g = window(0, parts[0].n), u{up, 0, size_t(rows) * up_n * 4};
-    EwArgs e{up_n, y_ld, up_n, y_ld, EW_SWIGLU};
+    EwArgs e{up_n, y_ld, up_n, y_ld, EW_SWIGLU, 1.0f};
     dispatch("elementwise", &e, sizeof e, {g, u, g}, MTLSizeMake((up_n + 255) / 256, rows, 1), MTLSizeMake(256, 1, 1));
 }
 
@@ -601,7 +605,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
                             MTLSizeMake((w.cols / 8 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
         case Op::TailRow: {
-            EwArgs e{cols, uint(a.in[0].ld), uint(a.in[0].ld), uint(a.out.ld), EW_COPY};
+            EwArgs e{cols, uint(a.in[0].ld), uint(a.in[0].ld), uint(a.out.ld), EW_COPY, 1.0f};
             BufRef src = a.in[0];
             src.offset += int64_t(m.src_row) * src.ld;
             const Bound s = at(src, 1, cols);
@@ -693,10 +697,13 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             return dispatch("attention", &t, sizeof t, {in(0, cols), in(1, 1), whole(a.kv_k), whole(a.kv_v), out},
                             MTLSizeMake(uint(m.n_head), rows, 1), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
         }
-        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU: {
-            const uint op = node.op == Op::Add ? EW_ADD : node.op == Op::Mul ? EW_MUL : node.op == Op::Silu ? EW_SILU : EW_SWIGLU;
-            const bool binary = node.op != Op::Silu;
-            EwArgs e{cols, uint(a.in[0].ld), binary ? uint(a.in[1].ld) : 0u, uint(a.out.ld), op};
+        case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU: case Op::Gelu: case Op::GeGLU: case Op::Scale:
+        case Op::SoftCap: {
+            const uint op = node.op == Op::Add ? EW_ADD : node.op == Op::Mul ? EW_MUL : node.op == Op::Silu ? EW_SILU
+                          : node.op == Op::SwiGLU ? EW_SWIGLU : node.op == Op::Gelu ? EW_GELU
+                          : node.op == Op::GeGLU ? EW_GEGLU : node.op == Op::Scale ? EW_SCALE : EW_SOFTCAP;
+            const bool binary = node.op == Op::Add || node.op == Op::Mul || node.op == Op::SwiGLU || node.op == Op::GeGLU;
+            EwArgs e{cols, uint(a.in[0].ld), binary ? uint(a.in[1].ld) : 0u, uint(a.out.ld), op, m.scale};
             const Bound b = binary ? in(1, cols) : in(0, cols);
             return dispatch("elementwise", &e, sizeof e, {in(0, cols), b, out}, MTLSizeMake((cols + 255) / 256, rows, 1),
                             MTLSizeMake(256, 1, 1));
