@@ -2,7 +2,7 @@
 
 1. Every SIMD kernel equals its scalar reference.  The integer work is exact in
    both, so where a SIMD kernel does the float part per 256-value super-block in
-   the reference's order (Q2_K, Q3_K, Q5_K; every NEON K-quant) the results are
+   the reference's order (Q2_K, Q3_K, Q5_K, IQ4_XS; every NEON K-quant) the results are
    bit-identical.  The 32-value types, the float types, x86's Q6_K (8 float
    lanes across super-blocks, one horizontal sum per row) and x86's Q4_K (fused
    multiply-adds of each super-block's two integer sums) round differently, and
@@ -28,7 +28,7 @@ from minfer import _minfer as native
 from quant_helpers import MIN_FIELDS, parse_act, random_weight_row, with_min_zeroed
 
 U = 2.0 ** -24
-K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+K_QUANTS = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS}  # (IQ4_XS: 256-value super-blocks of Q8_K)
 LANE_SUMMED = {("avx2", T.Q4_K), ("avx2", T.Q6_K), ("avx512", T.Q4_K), ("avx512", T.Q6_K)}
 # real row lengths: qwen2.5 1.5B hidden / ffn, 0.5B hidden, smollm2 hidden
 LENGTHS = [1536, 8960, 896, 576]
@@ -69,7 +69,7 @@ def test_simd_matches_scalar(isa, t, rng):
                 assert abs(got - ref) <= tol, f"{t.name} n={n}: |{got} - {ref}| > {tol}"
 
 
-ROWS_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]  # the real models' types
+ROWS_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]  # the real models' types
 
 
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])  # the rows kernels are x86-only so far

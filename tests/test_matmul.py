@@ -35,7 +35,7 @@ SHAPES = [(1536, 1536), (256, 8960), (8960 // 8, 1536)]  # (rows, cols): 1.5B at
 
 @pytest.mark.parametrize("isa", all_isas())
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
-                               T.F16, T.F32, T.BF16], ids=lambda t: t.name)
+                               T.IQ4_NL, T.IQ4_XS, T.F16, T.F32, T.BF16], ids=lambda t: t.name)
 def test_matvec_and_matmul(isa, t, rng):
     require_isa(isa)
     for rows, cols in SHAPES[:2] if t in (T.F32, T.BF16) else SHAPES:

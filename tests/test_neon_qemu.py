@@ -29,4 +29,4 @@ def test_neon_kernels_under_qemu(tmp_path):
     run = subprocess.run([qemu, str(exe), "neon"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.strip().splitlines()
-    assert len(lines) == 13 and all(" 0 bad" in ln for ln in lines), run.stdout
+    assert len(lines) == 15 and all(" 0 bad" in ln for ln in lines), run.stdout

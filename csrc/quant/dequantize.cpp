@@ -144,6 +144,30 @@ void dequant_q6_K(const block_q6_K* b, float* y, int64_t nb) {
     }
 }
 
+void dequant_iq4_nl(const block_iq4_nl* b, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK4_0) {
+        float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK4_0 / 2; j++) {
+            y[j] = d * float(kvalues_iq4nl[b[i].qs[j] & 0xf]);
+            y[j + QK4_0 / 2] = d * float(kvalues_iq4nl[b[i].qs[j] >> 4]);
+        }
+    }
+}
+
+void dequant_iq4_xs(const block_iq4_xs* b, float* y, int64_t nb) {
+    for (int64_t i = 0; i < nb; i++, y += QK_K) {
+        float d = f16_to_f32(b[i].d);
+        for (int j = 0; j < QK_K / 32; j++) {
+            float dl = d * float(iq4_xs_scale(b[i], j));
+            const uint8_t* q = b[i].qs + 16 * j;
+            for (int l = 0; l < 16; l++) {
+                y[32 * j + l] = dl * float(kvalues_iq4nl[q[l] & 0xf]);
+                y[32 * j + l + 16] = dl * float(kvalues_iq4nl[q[l] >> 4]);
+            }
+        }
+    }
+}
+
 }  // namespace
 
 void dequantize_row(uint32_t type, const void* x, float* y, int64_t n) {
@@ -166,6 +190,8 @@ void dequantize_row(uint32_t type, const void* x, float* y, int64_t n) {
         case GGML_TYPE_Q4_K: return dequant_q4_K((const block_q4_K*)x, y, nb);
         case GGML_TYPE_Q5_K: return dequant_q5_K((const block_q5_K*)x, y, nb);
         case GGML_TYPE_Q6_K: return dequant_q6_K((const block_q6_K*)x, y, nb);
+        case GGML_TYPE_IQ4_NL: return dequant_iq4_nl((const block_iq4_nl*)x, y, nb);
+        case GGML_TYPE_IQ4_XS: return dequant_iq4_xs((const block_iq4_xs*)x, y, nb);
         case GGML_TYPE_Q8_1: {  // activation type
             const block_q8_1* b = (const block_q8_1*)x;
             for (int64_t i = 0; i < nb; i++)

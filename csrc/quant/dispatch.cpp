@@ -55,6 +55,8 @@ DotKernels make_dot_table(Isa isa, const DotFns& f) {
     t.dot[GGML_TYPE_Q4_K] = f.q4_K;
     t.dot[GGML_TYPE_Q5_K] = f.q5_K;
     t.dot[GGML_TYPE_Q6_K] = f.q6_K;
+    t.dot[GGML_TYPE_IQ4_NL] = f.iq4_nl;
+    t.dot[GGML_TYPE_IQ4_XS] = f.iq4_xs;
     return t;
 }
 

@@ -266,6 +266,48 @@ float dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
     return sum;
 }
 
+// ---- IQ4_NL x Q8_0, IQ4_XS x Q8_K -----------------------------------------------
+
+// 16 packed bytes -> the signed levels their low (values 0..15) and high (16..31) nibbles index.
+inline void iq4_levels(const uint8_t* p, int8x16_t* lo, int8x16_t* hi) {
+    const int8x16_t table = vld1q_s8(kvalues_iq4nl);
+    int8x16_t l, h;
+    nibbles(p, &l, &h);
+    *lo = vqtbl1q_s8(table, vreinterpretq_u8_s8(l));
+    *hi = vqtbl1q_s8(table, vreinterpretq_u8_s8(h));
+}
+
+float dot_iq4_nl_q8_0(int64_t n, const void* vw, const void* va) {
+    const block_iq4_nl* w = (const block_iq4_nl*)vw;
+    const block_q8_0* a = (const block_q8_0*)va;
+    float32x4_t acc = vdupq_n_f32(0.0f);
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int8x16_t lo, hi;
+        iq4_levels(w[i].qs, &lo, &hi);
+        int32x4_t p = dot16(dot16(vdupq_n_s32(0), lo, vld1q_s8(a[i].qs)), hi, vld1q_s8(a[i].qs + 16));
+        acc = vmlaq_n_f32(acc, vcvtq_f32_s32(p), f16_to_f32(w[i].d) * f16_to_f32(a[i].d));
+    }
+    return vaddvq_f32(acc);
+}
+
+// The reference's integers and float steps per super-block: the same bits.
+float dot_iq4_xs_q8_K(int64_t n, const void* vw, const void* va) {
+    const block_iq4_xs* w = (const block_iq4_xs*)vw;
+    const block_q8_K* a = (const block_q8_K*)va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            int8x16_t lo, hi;
+            iq4_levels(w[i].qs + 16 * j, &lo, &hi);
+            const int8_t* y = a[i].qs + 32 * j;
+            sumi += iq4_xs_scale(w[i], j) * vaddvq_s32(dot16(dot16(vdupq_n_s32(0), lo, vld1q_s8(y)), hi, vld1q_s8(y + 16)));
+        }
+        sum += (f16_to_f32(w[i].d) * a[i].d) * float(sumi);
+    }
+    return sum;
+}
+
 // ---- float weights ----------------------------------------------------------------
 
 float dot_f32_f32(int64_t n, const void* vw, const void* va) {

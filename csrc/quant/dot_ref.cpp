@@ -94,6 +94,21 @@ float dot_q8_0_q8_0(int64_t n, const void* vw, const void* va) {
     return sum;
 }
 
+float dot_iq4_nl_q8_0(int64_t n, const void* vw, const void* va) {
+    const block_iq4_nl* w = (const block_iq4_nl*)vw;
+    const block_q8_0* a = (const block_q8_0*)va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK8_0; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 16; j++) {
+            sumi += kvalues_iq4nl[w[i].qs[j] & 0xf] * a[i].qs[j];
+            sumi += kvalues_iq4nl[w[i].qs[j] >> 4] * a[i].qs[j + 16];
+        }
+        sum += f16_to_f32(w[i].d) * f16_to_f32(a[i].d) * float(sumi);
+    }
+    return sum;
+}
+
 // ---- K-quants x Q8_K ----------------------------------------------------------
 // Per super-block: sumi = sum_j scale_j * (q . a over sub-block j) exactly in
 // int32, and the min/offset term from a's bsums; then
@@ -204,6 +219,25 @@ float dot_q6_K_q8_K(int64_t n, const void* vw, const void* va) {
                 s += ((lo | hi << 4) - 32) * a[i].qs[e];
             }
             sumi += w[i].scales[j] * s;
+        }
+        sum += (f16_to_f32(w[i].d) * a[i].d) * float(sumi);
+    }
+    return sum;
+}
+
+// IQ4_XS: per super-block sumi = sum_j (ls_j - 32) * (q . a over sub-block j), then (d_w * d_a) * sumi.
+float dot_iq4_xs_q8_K(int64_t n, const void* vw, const void* va) {
+    const block_iq4_xs* w = (const block_iq4_xs*)vw;
+    const block_q8_K* a = (const block_q8_K*)va;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / QK_K; i++) {
+        int sumi = 0;
+        for (int j = 0; j < 8; j++) {
+            const uint8_t* q = w[i].qs + 16 * j;
+            const int8_t* y = a[i].qs + 32 * j;
+            int s = 0;
+            for (int l = 0; l < 16; l++) s += kvalues_iq4nl[q[l] & 0xf] * y[l] + kvalues_iq4nl[q[l] >> 4] * y[l + 16];
+            sumi += iq4_xs_scale(w[i], j) * s;
         }
         sum += (f16_to_f32(w[i].d) * a[i].d) * float(sumi);
     }

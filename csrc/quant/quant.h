@@ -97,12 +97,14 @@ struct DotFns {
     vec_dot_fn q4_0, q5_0, q8_0;                // x Q8_0
     vec_dot_fn q4_1, q5_1;                      // x Q8_1
     vec_dot_fn q2_K, q3_K, q4_K, q5_K, q6_K;    // x Q8_K
+    vec_dot_fn iq4_nl, iq4_xs;                  // x Q8_0, x Q8_K
 };
 DotKernels make_dot_table(Isa isa, const DotFns& f);
 // Every ISA file defines this kernel set under these names (in an anonymous namespace).
 #define MINFER_DOT_FNS                                                                                  \
     {dot_f32_f32,   dot_f16_f32,   dot_bf16_f32,  dot_q4_0_q8_0, dot_q5_0_q8_0, dot_q8_0_q8_0, dot_q4_1_q8_1, \
-     dot_q5_1_q8_1, dot_q2_K_q8_K, dot_q3_K_q8_K, dot_q4_K_q8_K, dot_q5_K_q8_K, dot_q6_K_q8_K}
+     dot_q5_1_q8_1, dot_q2_K_q8_K, dot_q3_K_q8_K, dot_q4_K_q8_K, dot_q5_K_q8_K, dot_q6_K_q8_K, dot_iq4_nl_q8_0,   \
+     dot_iq4_xs_q8_K}
 
 // Per-ISA tables; a table for an ISA this build or CPU lacks is nullptr.
 const DotKernels* dot_kernels_scalar();

@@ -25,6 +25,8 @@ enum GGMLType : uint32_t {
     GGML_TYPE_Q5_K = 13,
     GGML_TYPE_Q6_K = 14,
     GGML_TYPE_Q8_K = 15,
+    GGML_TYPE_IQ4_NL = 20,
+    GGML_TYPE_IQ4_XS = 23,
     GGML_TYPE_I8 = 24,
     GGML_TYPE_I16 = 25,
     GGML_TYPE_I32 = 26,
@@ -66,6 +68,22 @@ struct block_q6_K { uint8_t ql[QK_K / 2]; uint8_t qh[QK_K / 4]; int8_t scales[QK
 // activations for the K-quants: x = d * qs; bsums[j] = sum of qs[16j..16j+16)
 struct block_q8_K { float d; int8_t qs[QK_K]; int16_t bsums[QK_K / 16]; };  // 292 bytes
 
+// The "non-linear" 4-bit types: a 4-bit index into a fixed table of 16 signed levels (denser near zero),
+// x = d * kvalues_iq4nl[q].  IQ4_NL: blocks of 32, element i < 16 in the low nibble of qs[i], i + 16 in
+// the high nibble (Q4_0's order).                                          18 bytes
+struct block_iq4_nl { uint16_t d; uint8_t qs[QK4_0 / 2]; };
+// IQ4_XS: 256 values in 8 sub-blocks of 32, each with a 6-bit scale ls (low 4 bits: nibble j % 2 of
+// scales_l[j / 2]; high 2 bits: bits 2j of scales_h): x = d * (ls - 32) * kvalues_iq4nl[q]; sub-block j's
+// nibbles in qs[16j..16j+16) in IQ4_NL's order.                           136 bytes
+struct block_iq4_xs { uint16_t d; uint16_t scales_h; uint8_t scales_l[QK_K / 64]; uint8_t qs[QK_K / 2]; };
+inline constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                             1,    13,   25,  38,  53,  69,  89,  113};
+// The 6-bit scale of IQ4_XS sub-block j, minus 32.
+inline int iq4_xs_scale(const block_iq4_xs& b, int j) {
+    return (((b.scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((b.scales_h >> (2 * j)) & 3) << 4)) - 32;
+}
+
+static_assert(sizeof(block_iq4_nl) == 18 && sizeof(block_iq4_xs) == 136, "layout");
 static_assert(sizeof(block_q4_0) == 18 && sizeof(block_q4_1) == 20, "layout");
 static_assert(sizeof(block_q5_0) == 22 && sizeof(block_q5_1) == 24, "layout");
 static_assert(sizeof(block_q8_0) == 34 && sizeof(block_q8_1) == 36, "layout");

@@ -27,12 +27,14 @@ class GGMLType(enum.IntEnum):
     Q5_K = 13
     Q6_K = 14
     Q8_K = 15
+    IQ4_NL = 20
+    IQ4_XS = 23
     BF16 = 30
 
 
 WEIGHT_TYPES = [GGMLType.F32, GGMLType.F16, GGMLType.BF16, GGMLType.Q4_0, GGMLType.Q4_1, GGMLType.Q5_0,
                 GGMLType.Q5_1, GGMLType.Q8_0, GGMLType.Q2_K, GGMLType.Q3_K, GGMLType.Q4_K, GGMLType.Q5_K,
-                GGMLType.Q6_K]
+                GGMLType.Q6_K, GGMLType.IQ4_NL, GGMLType.IQ4_XS]
 
 
 def type_info(t: int) -> tuple[str, int, int, bool]:

@@ -1,7 +1,7 @@
 // A stand-alone check of one ISA's dot products against the scalar reference,
 // for ISAs the test machine cannot run natively (NEON: cross-compiled and run
 // under qemu-aarch64 by tests/test_neon_qemu.py).  Same contract as
-// tests/test_dot.py: K-quants bit-identical to the reference, the other types
+// tests/test_dot.py: K-quants and IQ4_XS bit-identical to the reference, the other types
 // within 2 * (n_terms + 4) * 2^-24 * sum|w_i a_i|.
 //
 //   usage: dot_check ISA     (prints one line per type, exits 1 on any failure)
@@ -21,7 +21,8 @@ namespace {
 // Offsets of the f16 scale fields, set to sane values in random blocks.
 std::vector<int> f16_fields(uint32_t t) {
     switch (t) {
-        case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: return {0};
+        case GGML_TYPE_Q4_0: case GGML_TYPE_Q5_0: case GGML_TYPE_Q8_0: case GGML_TYPE_IQ4_NL: case GGML_TYPE_IQ4_XS:
+            return {0};
         case GGML_TYPE_Q4_1: case GGML_TYPE_Q5_1: case GGML_TYPE_Q4_K: case GGML_TYPE_Q5_K: return {0, 2};
         case GGML_TYPE_Q2_K: return {80, 82};
         case GGML_TYPE_Q3_K: return {108};
@@ -68,7 +69,7 @@ int main(int argc, char** argv) {
     std::normal_distribution<float> normal;
     const uint32_t types[] = {GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1,
                               GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0, GGML_TYPE_Q2_K, GGML_TYPE_Q3_K,
-                              GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K};
+                              GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_IQ4_NL, GGML_TYPE_IQ4_XS};
     int failures = 0;
     for (uint32_t t : types) {
         const bool kquant = type_traits(t).block_size == QK_K;
