@@ -24,15 +24,30 @@ def close(out, ref, rel):
 U = 2.0 ** -24
 
 
-def check_rope(sess, backend, rng, neox, head_dim, rope_dim):
+def rope_numpy(x, pos, heads, head_dim, rope_dim, base, scale, neox):
+    """RoPE in float64 numpy, written from the definition (angle p * scale * base^(-2i / rope_dim))."""
+    y = x.astype(np.float64).reshape(len(x), heads, head_dim).copy()
+    half = rope_dim // 2
+    ang = pos.astype(np.float64).reshape(-1, 1) * scale * base ** (-2.0 * np.arange(half) / rope_dim)
+    c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+    i0 = np.arange(half) if neox else 2 * np.arange(half)
+    i1 = i0 + half if neox else i0 + 1
+    a, b = y[..., i0].copy(), y[..., i1].copy()
+    y[..., i0], y[..., i1] = a * c - b * s, a * s + b * c
+    return y.reshape(len(x), -1)
+
+
+def check_rope(sess, backend, rng, neox, head_dim, rope_dim, scale=1.0):
     """RoPE at random positions up to 30000 (base 1e6), 12 heads: within 16 f32 ulps of the scale, and
-    the unrotated tail of each head passes through unchanged."""
+    the unrotated tail of each head passes through unchanged.  scale: linear RoPE scaling (the reference
+    is checked against numpy for it)."""
     n, heads = 7, 12
     x = rng.standard_normal((n, heads * head_dim)).astype(np.float32)
     pos = rng.integers(0, 30000, size=(n, 1)).astype(np.int32)
     out, ref = run_both(sess, [x, pos], [dict(op="Rope", inputs=[0, 1], rows=n, cols=heads * head_dim,
                                               meta=dict(head_dim=head_dim, rope_dim=rope_dim, rope_base=1e6,
-                                                        rope_neox=neox))], backend)
+                                                        rope_scale=scale, rope_neox=neox))], backend)
+    close(ref, rope_numpy(x, pos, heads, head_dim, rope_dim, 1e6, scale, neox), 1e-6)
     close(out, ref, 16 * U)
     tail = out.reshape(n, heads, head_dim)[..., rope_dim:]
     assert np.array_equal(tail, x.reshape(n, heads, head_dim)[..., rope_dim:])

@@ -56,8 +56,9 @@ def test_qknorm(qwen3, rng):
 
 
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 64), (True, 64, 32), (False, 128, 64)])
-def test_rope(q15, rng, neox, head_dim, rope_dim):
-    check_rope(q15[1], "cuda", rng, neox, head_dim, rope_dim)
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_rope(q15, rng, neox, head_dim, rope_dim, scale):
+    check_rope(q15[1], "cuda", rng, neox, head_dim, rope_dim, scale)
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE)

@@ -70,9 +70,10 @@ def test_qknorm(qwen3, rng):
     close(cpu, ref, 8 * U)
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.125])  # 0.125: linear RoPE scaling by 8 (gemma3 4B+'s global layers)
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 64), (True, 64, 32)])
-def test_rope(q15, rng, neox, head_dim, rope_dim):
-    check_rope(q15[1], "cpu", rng, neox, head_dim, rope_dim)
+def test_rope(q15, rng, neox, head_dim, rope_dim, scale):
+    check_rope(q15[1], "cpu", rng, neox, head_dim, rope_dim, scale)
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE)

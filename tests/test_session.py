@@ -142,6 +142,27 @@ def test_unsupported_architecture(tmp_path):
         M.Model(str(p))  # the registry (csrc/models/architectures.cpp) names what is
 
 
+@pytest.mark.parametrize("extra,error", [
+    ({"rope.scaling.type": "yarn"}, r"rope scaling 'yarn' is not supported \(only linear is\)"),
+    ({"rope.scaling.type": "linear", "rope.scaling.factor": -2.0}, "rope scaling factor -2 is not a positive number"),
+    ({"rope.scaling.factor": float("nan")}, "rope scaling factor nan is not a positive number"),
+    ({"rope.scaling.type": "linear", "rope.scaling.factor": 4.0}, None),
+    ({"rope.scale_linear": 2.0}, None),  # the older key
+])
+def test_rope_scaling_is_linear_or_refused(tmp_path, extra, error):
+    """Linear RoPE scaling loads; other kinds, and factors that are not positive numbers, are refused by name.
+    (Its numbers: test_ops.test_rope against numpy, test_llamacpp_tiny against llama.cpp.)"""
+    from tiny_models import llama_f32
+
+    p = tmp_path / "m.gguf"
+    llama_f32(str(p), extra)
+    if error is None:
+        M.Model(str(p))
+    else:
+        with pytest.raises(minfer.ModelError, match=error):
+            M.Model(str(p))
+
+
 def test_missing_tensor(tmp_path):
     from gguf_writer import STR, U32, F32, build_gguf, f32_tensor
 

@@ -4,7 +4,8 @@ rows are multiples of 256), 4 heads of 64, 2 KV heads, FFN 512.  Weights are num
 matrices std 0.02, q and k 0.1 (so attention depends on position), norms 1 +- 0.05.
 
     python tests/tiny_models.py llama-f32 OUT.gguf     the float32 llama that iq4-mix.gguf was quantized from
-    python tests/tiny_models.py gemma3-q8_0 OUT.gguf   a 6-layer gemma3 (5 local layers, window 16, softcap)
+    python tests/tiny_models.py gemma3-q8_0 OUT.gguf   a 6-layer gemma3 (5 local layers, window 16, RoPE
+                                                       scaling, softcap)
 """
 import sys
 from pathlib import Path
@@ -41,7 +42,8 @@ def q8_0_tensor(name: str, arr: np.ndarray):
     return (name, int(GGMLType.Q8_0), list(reversed(a.shape)), quantize(a.reshape(-1), GGMLType.Q8_0).tobytes())
 
 
-def llama_f32(out: str) -> None:
+def llama_f32(out: str, extra: dict | None = None) -> None:
+    """extra: more llama.* keys (str or float values), for tests of how they are read."""
     rng = np.random.default_rng(0)
     mat = lambda rows, cols, std=0.02: rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(std)  # noqa: E731
     norm = lambda n: (1 + 0.05 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
@@ -52,6 +54,7 @@ def llama_f32(out: str) -> None:
           ("llama.attention.head_count", U32, HEADS), ("llama.attention.head_count_kv", U32, KV_HEADS),
           ("llama.rope.dimension_count", U32, HEAD_DIM), ("llama.rope.freq_base", F32, 10000.0),
           ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5), ("general.file_type", U32, 0)] + vocab_kv()
+    kv += [("llama." + k, STR if isinstance(v, str) else F32, v) for k, v in (extra or {}).items()]
     t = [f32_tensor("token_embd.weight", mat(VOCAB, HIDDEN, 1.0))]
     for i in range(layers):
         b = f"blk.{i}."
@@ -70,9 +73,10 @@ def llama_f32(out: str) -> None:
 
 def gemma3_q8_0(out: str) -> None:
     """Six layers so that gemma's pattern (every sixth layer global) has both kinds; a 16-token window so
-    that prompts of 48 and 200 tokens reach past it; embeddings (tied with the output) of std 0.05, so the
-    sqrt(256) embedding scale gives a residual of about unit size; final-logit softcap 5 (logits of ~1 bend
-    visibly).  numpy's legacy RandomState: its stream is frozen, so the file is the same on every machine."""
+    that prompts of 48 and 200 tokens reach past it; the global layer's RoPE scaled linearly by 8 (as in
+    gemma3 4B+; base 1e4 so that it matters at these lengths); embeddings (tied with the output) of std 0.05,
+    so the sqrt(256) embedding scale gives a residual of about unit size; final-logit softcap 5 (logits of ~1
+    bend visibly).  numpy's legacy RandomState: its stream is frozen, so the file is the same on every machine."""
     rng = np.random.RandomState(1)
     mat = lambda rows, cols, std=0.02: rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(std)  # noqa: E731
     norm = lambda n: (1 + 0.05 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
@@ -82,7 +86,8 @@ def gemma3_q8_0(out: str) -> None:
           (g + "block_count", U32, layers), (g + "feed_forward_length", U32, FFN),
           (g + "attention.head_count", U32, HEADS), (g + "attention.head_count_kv", U32, KV_HEADS),
           (g + "attention.key_length", U32, HEAD_DIM), (g + "attention.value_length", U32, HEAD_DIM),
-          (g + "rope.freq_base", F32, 1e6), (g + "attention.sliding_window", U32, GEMMA_WINDOW),
+          (g + "rope.freq_base", F32, 1e4), (g + "attention.sliding_window", U32, GEMMA_WINDOW),
+          (g + "rope.scaling.type", STR, "linear"), (g + "rope.scaling.factor", F32, 8.0),
           (g + "attention.layer_norm_rms_epsilon", F32, 1e-6), (g + "final_logit_softcapping", F32, 5.0),
           ("general.file_type", U32, 7), ("tokenizer.ggml.add_bos_token", BOOL, True)] + vocab_kv()
     t = [q8_0_tensor("token_embd.weight", mat(VOCAB, HIDDEN, 0.05))]

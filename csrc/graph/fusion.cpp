@@ -183,12 +183,14 @@ struct Fuser {
                 continue;
             if (!same(RQ.in[1], RK.in[1]) || !same(RQ.in[1], S.in[2]) || RQ.meta.head_dim != RK.meta.head_dim ||
                 RQ.meta.rope_dim != RK.meta.rope_dim || RQ.meta.rope_base != RK.meta.rope_base ||
+                RQ.meta.rope_scale != RK.meta.rope_scale ||
                 RQ.meta.rope_neox != RK.meta.rope_neox || RQ.meta.head_dim != S.meta.head_dim ||
                 !can(Op::RopeKvStore, {rq, rk, st}))
                 continue;
             NodeMeta m = S.meta;
             m.rope_dim = RQ.meta.rope_dim;
             m.rope_base = RQ.meta.rope_base;
+            m.rope_scale = RQ.meta.rope_scale;
             m.rope_neox = RQ.meta.rope_neox;
             Node& F = at(rq);
             F.in = {RQ.in[0], RK.in[0], S.in[1], S.in[2]};
@@ -229,6 +231,7 @@ struct Fuser {
             Q.meta.n_head_kv = fm.n_head_kv;
             Q.meta.rope_dim = fm.rope_dim;
             Q.meta.rope_base = fm.rope_base;
+            Q.meta.rope_scale = fm.rope_scale;
             Q.meta.rope_neox = fm.rope_neox;
             Q.meta.kv_type = fm.kv_type;
             Q.meta.n_ctx = fm.n_ctx;

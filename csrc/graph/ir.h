@@ -77,6 +77,7 @@ struct NodeMeta {
     int n_head = 0, n_head_kv = 0, head_dim = 0;
     int q_cols = 0, k_cols = 0, v_cols = 0;  // fused QKV output layout
     float rope_base = 10000.0f;
+    float rope_scale = 1.0f;       // linear RoPE scaling: angles p * rope_scale * base^(-2i/rope_dim)
     int rope_dim = 0;
     bool rope_neox = false;
     float attn_scale = 1.0f;

@@ -1,5 +1,7 @@
 #include "models/config.h"
 
+#include <cmath>
+
 #include "common/error.h"
 #include "quant/quant.h"
 
@@ -93,10 +95,20 @@ ModelConfig ModelConfig::from_gguf(const WeightStore& w) {
     c.rope_dim = meta_int(w, p + "rope.dimension_count", c.head_dim, 2, c.head_dim);
     if (c.rope_dim % 2) throw ModelError(strfmt("model '%s': odd rope dimension %d", path_of(w).c_str(), c.rope_dim));
     c.n_ctx_train = meta_int(w, p + "context_length", 4096, 1, 1 << 24);
-    if (const GGUFValue* s = w.gguf().find(p + "rope.scaling.type"))
-        if (s->type == GGUFType::STRING && s->str != "none")
-            throw ModelError(strfmt("model '%s': rope scaling '%.*s' is not supported", path_of(w).c_str(),
-                                     int(s->str.size()), s->str.data()));
+    // RoPE scaling: none, or linear (positions divided by the factor); llama.cpp's default type is linear, so a
+    // factor without a type scales too.  YaRN and the others are refused by name.
+    const GGUFValue* st = w.gguf().find(p + "rope.scaling.type");
+    const bool named = st && st->type == GGUFType::STRING;
+    if (named && st->str != "none" && st->str != "linear")
+        throw ModelError(strfmt("model '%s': rope scaling '%.*s' is not supported (only linear is)", path_of(w).c_str(),
+                                 int(st->str.size()), st->str.data()));
+    if (!named || st->str == "linear") {
+        double factor = meta_num(w, p + "rope.scaling.factor", 0.0);
+        if (factor == 0.0) factor = meta_num(w, p + "rope.scale_linear", 0.0);  // the older key
+        if (!(factor >= 0.0) || !std::isfinite(factor))
+            throw ModelError(strfmt("model '%s': rope scaling factor %g is not a positive number", path_of(w).c_str(), factor));
+        if (factor > 0.0) c.rope_scale = float(1.0 / factor);
+    }
     c.architecture->configure(c, w);
 
     // Tensors: every one the graph reads, with its shape.

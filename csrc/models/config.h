@@ -17,6 +17,7 @@ struct ModelConfig {
     int n_vocab = 0, n_ctx_train = 0;
     float eps = 1e-6f;
     float rope_base = 10000.0f;
+    float rope_scale = 1.0f;     // linear RoPE scaling: 1 / rope.scaling.factor (global layers only)
     int rope_dim = 0;
     // Set by the architecture (models/<arch>.cpp):
     bool rope_neox = false;      // rotate halves (qwen2/qwen3), else adjacent pairs (llama)

@@ -118,6 +118,7 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         mr.head_dim = c.head_dim;
         mr.rope_dim = c.rope_dim;
         mr.rope_base = c.is_local(l) ? c.rope_base_local : c.rope_base;
+        mr.rope_scale = c.is_local(l) ? 1.0f : c.rope_scale;  // llama.cpp scales the global layers only
         mr.rope_neox = c.rope_neox;
         q = b.node(Op::Rope, {full(q), full(pos)}, n, q_cols, mr, L + "rope_q");
         k = b.node(Op::Rope, {full(k), full(pos)}, n, kv_cols, mr, L + "rope_k");

@@ -36,6 +36,7 @@ void bind_engine(py::module_& m) {
             d["n_ctx_train"] = c.n_ctx_train;
             d["eps"] = c.eps;
             d["rope_base"] = c.rope_base;
+            d["rope_scale"] = c.rope_scale;
             d["rope_dim"] = c.rope_dim;
             d["rope_neox"] = c.rope_neox;
             d["output_weight"] = c.output_weight;

@@ -63,6 +63,7 @@ void meta_from(NodeMeta& m, const py::dict& d) {
         else if (k == "k_cols") m.k_cols = v.cast<int>();
         else if (k == "v_cols") m.v_cols = v.cast<int>();
         else if (k == "rope_base") m.rope_base = v.cast<float>();
+        else if (k == "rope_scale") m.rope_scale = v.cast<float>();
         else if (k == "rope_dim") m.rope_dim = v.cast<int>();
         else if (k == "rope_neox") m.rope_neox = v.cast<bool>();
         else if (k == "attn_scale") m.attn_scale = v.cast<float>();

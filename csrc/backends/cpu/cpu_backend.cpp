@@ -100,7 +100,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::Rope:
             cpu_rope(at(a.in[0]), a.in[0].ld, at(a.out), a.out.ld, rows, int(cols / m.head_dim), m.head_dim, m.rope_dim,
-                     m.rope_base, m.rope_neox, (const int32_t*)at(a.in[1]), *pool_);
+                     m.rope_base, m.rope_scale, m.rope_neox, (const int32_t*)at(a.in[1]), *pool_);
             return;
         case Op::KvStore: {
             KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx};

@@ -37,14 +37,14 @@ void cpu_rmsnorm(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t r
 }
 
 void cpu_rope(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t rows, int n_head, int head_dim,
-              int rope_dim, float base, bool neox, const int32_t* pos, ThreadPool& pool) {
+              int rope_dim, float base, float scale, bool neox, const int32_t* pos, ThreadPool& pool) {
     const int half = rope_dim / 2;
     std::vector<double> inv_freq((size_t)(half));
     for (int i = 0; i < half; i++) inv_freq[size_t(i)] = std::pow(double(base), -2.0 * i / rope_dim);
     for_rows(rows, int64_t(n_head) * head_dim, pool, [&](int64_t r) {
         std::vector<float> c((size_t)(half)), s((size_t)(half));
         for (int i = 0; i < half; i++) {
-            double theta = double(pos[r]) * inv_freq[size_t(i)];
+            double theta = double(pos[r]) * double(scale) * inv_freq[size_t(i)];
             c[size_t(i)] = float(std::cos(theta));
             s[size_t(i)] = float(std::sin(theta));
         }

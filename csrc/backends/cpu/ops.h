@@ -18,7 +18,7 @@ void cpu_rmsnorm(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t r
 // the first rope_dim values of each head rotate: neox pairs (i, i + rope_dim/2),
 // normal pairs (2i, 2i + 1).
 void cpu_rope(const float* x, int64_t x_ld, float* y, int64_t y_ld, int64_t rows, int n_head, int head_dim,
-              int rope_dim, float base, bool neox, const int32_t* pos, ThreadPool& pool);
+              int rope_dim, float base, float scale, bool neox, const int32_t* pos, ThreadPool& pool);
 
 enum class Elementwise { Add, Mul, Silu, SwiGLU, Gelu, GeGLU, Scale, SoftCap };
 // y = f(a, b) (b unused for the unary ones); the gates (a the gate) by the ISA's row kernels; Scale: a * s,

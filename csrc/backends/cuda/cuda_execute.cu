@@ -190,6 +190,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             e.rope_dim = m.rope_dim;
             e.n_ctx = m.n_ctx;
             e.base = m.rope_base;
+            e.scale = m.rope_scale;
             e.neox = m.rope_neox;
             e.kv_type = m.kv_type;
             e.K = raw(a.kv_k);
@@ -204,7 +205,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             float* y = at(a.out);
             const int64_t ly = a.out.ld;
             cuda::RopeStoreShape sh{rows, m.q_cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
-                                    m.rope_neox, m.kv_type, m.n_ctx};
+                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx};
             return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, y, ly, raw(a.kv_k),
                                        raw(a.kv_v), err_dev_, stream_);
         }
@@ -222,7 +223,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             return;
         case Op::Rope:
             return cuda::rope(at(a.in[0]), ld(0), at(a.out), a.out.ld, (const int32_t*)at(a.in[1]), rows, cols,
-                              m.head_dim, m.rope_dim, m.rope_base, m.rope_neox, stream_);
+                              m.head_dim, m.rope_dim, m.rope_base, m.rope_scale, m.rope_neox, stream_);
         case Op::KvStore:
             return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
                                   m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
@@ -244,7 +245,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::RopeKvStore: {
             cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
-                                    m.rope_neox, m.kv_type, m.n_ctx};
+                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx};
             return cuda::rope_kv_store(sh, at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.in[2]), ld(2),
                                        (const int32_t*)at(a.in[3]), at(a.out), a.out.ld, raw(a.kv_k), raw(a.kv_v),
                                        err_dev_, stream_);

@@ -37,7 +37,7 @@ struct MatvecPart {
 struct QkvRopeEpilogue {
     const int32_t* pos = nullptr;  // null: no epilogue
     int head_dim = 0, rope_dim = 0, n_ctx = 0;  // fusable with rope_dim == head_dim
-    float base = 0.0f;
+    float base = 0.0f, scale = 1.0f;
     bool neox = false;
     uint32_t kv_type = 0;
     void* K = nullptr;
@@ -137,14 +137,14 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false, bool q4k = false);
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
-          int head_dim, int rope_dim, float base, bool neox, cudaStream_t s);
+          int head_dim, int rope_dim, float base, float scale, bool neox, cudaStream_t s);
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
               int rows, int dim, int n_ctx, void* K, void* V, uint32_t* err, cudaStream_t s);
 
 // rope(q) into y, rope(k) and v stored at the rows' positions: the decode fusion (norm_rope.cu).
 struct RopeStoreShape {
     int rows, q_cols, kv_dim, head_dim, rope_dim;
-    float base;
+    float base, scale;
     bool neox;
     uint32_t kv_type;
     int n_ctx;

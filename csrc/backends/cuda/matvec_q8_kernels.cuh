@@ -326,7 +326,7 @@ __device__ __forceinline__ int64_t rope_block_row(const QkvRopeEpilogue& e, int 
 __device__ __forceinline__ double2 rope_row_angle(const QkvRopeEpilogue& e, int64_t o, int p) {
     const int d = int(o % e.head_dim), j = e.neox ? d % (e.head_dim / 2) : d / 2;
     double cs = 1.0, sn = 0.0;
-    rope_angle(p, j, e.rope_dim, e.base, &cs, &sn);
+    rope_angle(p, j, e.rope_dim, e.base, e.scale, &cs, &sn);
     return make_double2(cs, sn);
 }
 

@@ -148,13 +148,13 @@ __device__ __forceinline__ void rope_pair(const float* xh, float* yh, int i, int
 // One thread per pair.
 __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __restrict__ y, int64_t ldy,
                             const int32_t* __restrict__ pos, int cols, int head_dim, int rope_dim, float base,
-                            bool neox) {
+                            float scale, bool neox) {
     const int r = blockIdx.y, pairs_per_head = head_dim / 2;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= cols / 2) return;
     const int h = t / pairs_per_head, i = t % pairs_per_head;
     double cs = 1.0, sn = 0.0;
-    if (i < rope_dim / 2) rope_angle(pos[r], i, rope_dim, base, &cs, &sn);
+    if (i < rope_dim / 2) rope_angle(pos[r], i, rope_dim, base, scale, &cs, &sn);
     rope_pair(x + int64_t(r) * ldx + int64_t(h) * head_dim, y + int64_t(r) * ldy + int64_t(h) * head_dim, i, rope_dim,
               neox, cs, sn);
 }
@@ -214,7 +214,7 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t 
     const int p = pos[r];
     const bool ok = p >= 0 && p < sh.n_ctx;
     double cs = 1.0, sn = 0.0;
-    if (ok && i < sh.rope_dim / 2) rope_angle(p, i, sh.rope_dim, sh.base, &cs, &sn);
+    if (ok && i < sh.rope_dim / 2) rope_angle(p, i, sh.rope_dim, sh.base, sh.scale, &cs, &sn);
     pdl_start();
     if (!ok) {  // uniform over the block: nothing stored, no barrier reached
         if (hb == 0 && i == 0) atomicOr(err, kBadPosition);
@@ -294,12 +294,12 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,
-          int rope_dim, float base, bool neox, cudaStream_t s) {
+          int rope_dim, float base, float scale, bool neox, cudaStream_t s) {
     if (head_dim <= 0 || cols % head_dim || rope_dim > head_dim || rope_dim % 2)
         throw MinferError(strfmt("CUDA rope: cols %d, head_dim %d, rope_dim %d", cols, head_dim, rope_dim));
     const int pairs = cols / 2;
     rope_kernel<<<dim3(unsigned((pairs + 127) / 128), unsigned(rows)), 128, 0, s>>>(x, ldx, y, ldy, pos, cols, head_dim,
-                                                                                      rope_dim, base, neox);
+                                                                                      rope_dim, base, scale, neox);
     check_launch("rope");
 }
 

@@ -9,8 +9,9 @@ namespace minfer::cuda {
 
 // The angle of rotated pair i at position p, in double: positions in the thousands times
 // frequencies near 1 leave an f32 angle few correct bits (at 30000, ~1e-3 rad off).
-__device__ __forceinline__ void rope_angle(int p, int i, int rope_dim, float base, double* cs, double* sn) {
-    sincos(double(p) * pow(double(base), -2.0 * i / rope_dim), sn, cs);
+// scale: linear RoPE scaling (1: none).
+__device__ __forceinline__ void rope_angle(int p, int i, int rope_dim, float base, float scale, double* cs, double* sn) {
+    sincos(double(p) * double(scale) * pow(double(base), -2.0 * i / rope_dim), sn, cs);
 }
 
 // The pair (x0, x1) rotated by (cs, sn): the products in double, one rounding to f32.  The

@@ -38,6 +38,7 @@
 #include <mutex>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/kernel_choice.h"
@@ -197,7 +198,7 @@ class MetalBackend : public Backend {
                   MTLSize grid, MTLSize tg, const std::vector<size_t>& tg_mem = {});
     void usable() const;
     [[noreturn]] void fail(const std::string& what);
-    id<MTLBuffer> rope_freqs(int rope_dim, float base);
+    id<MTLBuffer> rope_freqs(int rope_dim, float base, float scale);
     struct Part {  // one weight of a (possibly fused) projection and where its columns go
         const MetalWeight* w;
         const MetalWeight* bias;  // nullptr: none
@@ -225,7 +226,7 @@ class MetalBackend : public Backend {
     uint rows_min_ = 2, mm_min_rows_ = 9;
     id<MTLCommandBuffer> cmd_ = nil;
     id<MTLComputeCommandEncoder> enc_ = nil;
-    std::map<std::pair<int, float>, id<MTLBuffer>> freqs_;
+    std::map<std::tuple<int, float, float>, id<MTLBuffer>> freqs_;
     std::vector<std::string> recent_;
     size_t recent_at_ = 0;
     std::set<Op> cpu_ops_;  // MINFER_CPU_OPS: ops left to the CPU (mixed graphs)
@@ -465,12 +466,12 @@ void MetalBackend::write_host(int id, size_t offset, const float* src, size_t n)
     std::memcpy((float*)[bufs_.at(size_t(id)).b contents] + offset, src, n * 4);
 }
 
-id<MTLBuffer> MetalBackend::rope_freqs(int rope_dim, float base) {
-    auto key = std::make_pair(rope_dim, base);
+id<MTLBuffer> MetalBackend::rope_freqs(int rope_dim, float base, float scale) {  // scale: linear RoPE scaling
+    auto key = std::make_tuple(rope_dim, base, scale);
     auto it = freqs_.find(key);
     if (it != freqs_.end()) return it->second;
     std::vector<float> f(size_t(rope_dim / 2));
-    for (int i = 0; i < rope_dim / 2; i++) f[size_t(i)] = float(std::pow(double(base), -2.0 * i / rope_dim));  // double, as the reference
+    for (int i = 0; i < rope_dim / 2; i++) f[size_t(i)] = float(double(scale) * std::pow(double(base), -2.0 * i / rope_dim));  // double, as the reference
     id<MTLBuffer> b = [dev_.device newBufferWithBytes:f.data() length:f.size() * 4 options:MTLResourceStorageModeShared];
     freqs_[key] = b;
     return b;
@@ -655,7 +656,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             const uint dim = uint(m.n_head_kv * m.head_dim);
             RopeStoreArgs r{cols, dim, uint(m.head_dim), uint(m.rope_dim), m.rope_neox ? 1u : 0u, uint(a.in[0].ld),
                             uint(a.in[1].ld), uint(a.in[2].ld), uint(a.out.ld), uint(m.n_ctx), uint(m.kv_type)};
-            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base);
+            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base, m.rope_scale);
             return dispatch("rope_kv_store", &r, sizeof r,
                             {in(0, cols), in(1, dim), in(2, dim), in(3, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out,
                              whole(a.kv_k), whole(a.kv_v), err},
@@ -663,7 +664,7 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::Rope: {
             RopeArgs r{cols, uint(m.head_dim), uint(m.rope_dim), uint(a.in[0].ld), uint(a.out.ld), m.rope_neox ? 1u : 0u};
-            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base);
+            id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base, m.rope_scale);
             return dispatch("rope", &r, sizeof r, {in(0, cols), in(1, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out},
                             MTLSizeMake((cols / 2 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }

@@ -133,7 +133,7 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                 for (int64_t h = 0; h < cols / m.head_dim; h++) {
                     float* xh = x.data() + h * m.head_dim;
                     for (int i = 0; i < half; i++) {
-                        double theta = p * std::pow(double(m.rope_base), -2.0 * i / m.rope_dim);
+                        double theta = p * double(m.rope_scale) * std::pow(double(m.rope_base), -2.0 * i / m.rope_dim);
                         int i0 = m.rope_neox ? i : 2 * i, i1 = m.rope_neox ? i + half : 2 * i + 1;
                         double x0 = xh[i0], x1 = xh[i1];
                         xh[i0] = float(x0 * std::cos(theta) - x1 * std::sin(theta));
