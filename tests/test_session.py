@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import minfer
-from conftest import nan_logits_model, real_model, synthetic_model
+from conftest import nan_logits_model, synthetic_model
 
 M = minfer._minfer
 
