@@ -83,7 +83,9 @@ def test_against_llamacpp(name, prompt, record_property):
     dec = np.stack([sess.eval(np.array([g], np.int32), len(ids) + k)[0] for k, g in enumerate(gen)])
     dm = compare_topk(dec, fx["decode_topk_ids"], fx["decode_topk_logits"], fx["decode_lse"])
     check(dm, bounds, f"{name}/{prompt} decode")
-    assert sess.graph_builds == 2, "one prompt graph + one decode graph, reused for every step"
+    # one prompt graph (two where gemma's KV rings cut a long prompt into steps of 512) + one decode graph,
+    # reused for every step
+    assert sess.graph_builds == (3 if sess.rewind_floor > 0 and len(ids) > 512 else 2)
 
     # greedy: teacher-forced, step 0 predicts gen_ids[0] from the prompt
     ref_top = np.concatenate([fx["prompt_topk_ids"][-1:, 0], fx["decode_topk_ids"][:-1, 0]])

@@ -110,6 +110,58 @@ def gemma3_q8_0(out: str) -> None:
     Path(out).write_bytes(build_gguf(kv, t).data)
 
 
+def gemma3_forward_f64(path: str, ids) -> np.ndarray:
+    """Logits of every position of `ids` by the tiny gemma3 model, in float64 numpy from the definition (the
+    weights dequantized by minfer.quants.dequantize, itself checked against the gguf package): an independent
+    reference for the engine's arithmetic, slow but exact.  Five of six layers local (window 16, RoPE base
+    1e4); the global layer's positions scaled by 1/8; softcap 5."""
+    import minfer
+    from minfer.quants import dequantize
+
+    f = minfer.gguf.open(path)
+    W = {}
+    for name, info in f.tensors.items():
+        raw = np.ascontiguousarray(np.asarray(info.data).view(np.uint8)).reshape(-1)
+        W[name] = dequantize(raw, info.type).astype(np.float64)
+    f.close()
+    H, hd, T = HIDDEN, HEAD_DIM, len(ids)
+    rms = lambda x, w: x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6) * w  # noqa: E731
+    mat = lambda name, rows: W[name].reshape(rows, -1)  # noqa: E731
+
+    def rope(x, pos):  # NeoX halves, base 1e4
+        half = hd // 2
+        ang = pos[:, None] * 1e4 ** (-np.arange(half) * 2.0 / hd)
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * c - b * s, a * s + b * c], -1)
+
+    E = mat("token_embd.weight", VOCAB)
+    x = E[np.asarray(ids)] * np.sqrt(H)
+    i, j = np.arange(T)[:, None], np.arange(T)[None, :]
+    for layer in range(6):
+        p, local = f"blk.{layer}.", layer % 6 < 5
+        pos = np.arange(T, dtype=np.float64) * (1.0 if local else 0.125)
+        h = rms(x, W[p + "attn_norm.weight"])
+        q = rms((h @ mat(p + "attn_q.weight", HEADS * hd).T).reshape(T, HEADS, hd), W[p + "attn_q_norm.weight"])
+        k = rms((h @ mat(p + "attn_k.weight", KV_HEADS * hd).T).reshape(T, KV_HEADS, hd), W[p + "attn_k_norm.weight"])
+        v = (h @ mat(p + "attn_v.weight", KV_HEADS * hd).T).reshape(T, KV_HEADS, hd)
+        q, k = rope(q, pos) / np.sqrt(hd), rope(k, pos)
+        seen = (j <= i) & ((i - j < GEMMA_WINDOW) if local else True)
+        o = np.zeros((T, HEADS, hd))
+        for head in range(HEADS):
+            g = head // (HEADS // KV_HEADS)
+            s = np.where(seen, q[:, head] @ k[:, g].T, -np.inf)
+            e = np.exp(s - s.max(1, keepdims=True))
+            o[:, head] = (e / e.sum(1, keepdims=True)) @ v[:, g]
+        x = x + rms(o.reshape(T, -1) @ mat(p + "attn_output.weight", H).T, W[p + "post_attention_norm.weight"])
+        h = rms(x, W[p + "ffn_norm.weight"])
+        a, u = h @ mat(p + "ffn_gate.weight", FFN).T, h @ mat(p + "ffn_up.weight", FFN).T
+        gelu = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3)))
+        x = x + rms((gelu * u) @ mat(p + "ffn_down.weight", H).T, W[p + "post_ffw_norm.weight"])
+    logits = rms(x, W["output_norm.weight"]) @ E.T
+    return 5.0 * np.tanh(logits / 5.0)
+
+
 MODELS = {"llama-f32": llama_f32, "gemma3-q8_0": gemma3_q8_0}
 
 if __name__ == "__main__":

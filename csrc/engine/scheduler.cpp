@@ -41,8 +41,10 @@ Scheduler::Scheduler(std::shared_ptr<Model> model, SchedulerOptions opts) : mode
     if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
         throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
     if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
-    size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) *
-                      kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    const size_t kv_row = kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) * kv_row, kv_ring_bytes = 0;  // without, with rings
+    for (int l = 0; l < c.n_layer; l++)
+        kv_ring_bytes += 2 * kv_row * size_t(c.kv_ring(l, opts_.n_ctx) > 0 ? c.kv_ring(l, opts_.n_ctx) : opts_.n_ctx);
     const std::string kv_what =
         strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer);
 
@@ -79,7 +81,8 @@ Scheduler::Scheduler(std::shared_ptr<Model> model, SchedulerOptions opts) : mode
     device_ = use_metal ? "metal" : use_cuda ? "cuda" : "cpu";
     // Refuse a KV cache that cannot fit now, not when the OOM killer notices
     // (on the GPU, the CUDA backend checks weights + KV against free device memory).
-    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
+    // (the CPU and Metal keep local layers' caches as rings: step_params)
+    if (!use_cuda) check_fits(kv_ring_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
     pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
     kv_.type = opts_.kv_type;
     kv_.n_ctx = opts_.n_ctx;
@@ -133,6 +136,7 @@ GraphParams Scheduler::step_params(int n_tokens, bool all_logits) const {
     p.kv_type = opts_.kv_type;
     p.n_ctx = opts_.n_ctx;
     p.assignment = opts_.assignment;
+    p.kv_ring = device_ != "cuda";  // CUDA has no kernels for a ring yet: its local layers keep every position
     return p;
 }
 

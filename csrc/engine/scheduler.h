@@ -78,6 +78,7 @@ class Scheduler {
     const std::vector<std::unique_ptr<Backend>>& backends() const { return backends_; }
     std::vector<std::string> backend_names() const;
     const std::string& device() const { return device_; }  // what "auto" resolved to
+    const KvCache& kv() const { return kv_; }  // the session's cache (its regions once a plan has made them)
     int64_t chained_steps() const { return chained_steps_; }  // greedy_chain steps run as a device chain
     const OpProfile& op_profile() const { return *profile_; }
 

@@ -1,6 +1,9 @@
 // A session: the convenience over a Scheduler for one sequence.  eval(tokens, start_pos) runs one step (a
 // prompt or one decode token) of the model's graph and returns logits; a step with the same GraphParams as an
-// earlier one reuses its plan (and, on CUDA, its captured graph).  Reference: tests/test_session.py.
+// earlier one reuses its plan (and, on CUDA, its captured graph).  Where the model's local layers keep their
+// KV as rings (ModelConfig::kv_ring), a long step runs in pieces of kRingStep rows, and a step may start no
+// further back than kRingStep positions before the furthest one written (or at 0: a new sequence); an earlier
+// start is an error naming both.  Reference: tests/test_session.py, tests/test_kv_ring.py.
 #pragma once
 #include <list>
 #include <memory>
@@ -43,12 +46,21 @@ class Session {
     const OpProfile& op_profile() const { return sched_.op_profile(); }
     std::vector<std::string> backend_names() const { return sched_.backend_names(); }
     const std::string& device() const { return sched_.device(); }
+    // The earliest position a step may start at, other than 0 (0 where every layer keeps every position).
+    int rewind_floor() const;
+    // Bytes of the KV cache the steps so far have allocated (every layer's keys and values).
+    size_t kv_bytes() const;
 
   private:
     Plan& run_step(const int32_t* tokens, int n, int start_pos, bool all_logits, bool sync = true);
+    bool rings() const;       // some layer's KV is a ring
+    int max_step(int n) const { return rings() ? ModelConfig::kRingStep : n; }
+    void check_rewind(int start_pos) const;
+    void wrote(int start_pos, int n) { written_ = start_pos == 0 ? n : std::max(written_, start_pos + n); }
     Scheduler sched_;
     std::list<std::pair<GraphParams, std::unique_ptr<Plan>>> plans_;  // most recent first
     int graph_builds_ = 0;
+    int written_ = 0;  // one past the furthest position written since the last step that started at 0
 };
 
 }  // namespace minfer

@@ -235,6 +235,7 @@ struct Fuser {
             Q.meta.rope_neox = fm.rope_neox;
             Q.meta.kv_type = fm.kv_type;
             Q.meta.n_ctx = fm.n_ctx;
+            Q.meta.kv_ring = fm.kv_ring;
             Q.meta.layer = fm.layer >= 0 ? fm.layer : layer;
             Q.name = "blk." + std::to_string(Q.meta.layer) + ".qkv_rope";
             redirect(int(i), qkv, 0, m.q_cols);  // the Attn: q and its ordering input

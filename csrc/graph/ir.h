@@ -86,6 +86,8 @@ struct NodeMeta {
     Act act = Act::Silu;           // FusedFFN: the gate's activation
     uint32_t kv_type = 1;          // ggml type of the KV cache (F16 default)
     int n_ctx = 0;                 // KV rows: the context, or a batch's whole pool
+    int kv_ring = 0;               // > 0: a local layer's cache is a ring of this many rows, position p in row
+                                   // p % kv_ring (it needs the window plus a step's rows; 0: every position kept)
     int block_size = 0;            // Attn of a batch step: tokens per KV block (0: one contiguous sequence)
     int src_row = 0;               // TailRow: which row of the input
     std::string feeds_q;           // AddRmsNorm: the q weight of the q/k/v projection its norm feeds (fuse sets it)
@@ -110,11 +112,13 @@ struct GraphParams {
     uint32_t gpu_mask = 0;         // which GPU backends participate (bit per backend kind)
     std::string assignment;        // "" (priority order) or a forced pattern, e.g. "alternate:3"
     int n_seqs = 0;                // a batch step of n_seqs sequences over a paged KV pool (0: one sequence)
+    bool kv_ring = false;          // local layers' caches are rings (ModelConfig::kv_ring); the backends that
+                                   // would hold them must support it (the CPU and the reference do)
     int block_size = 0, max_blocks = 0;  // batch: tokens per KV block, blocks per sequence's table
     bool operator==(const GraphParams& o) const {
         return n_tokens == o.n_tokens && all_logits == o.all_logits && fuse == o.fuse && kv_type == o.kv_type &&
                n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment && n_seqs == o.n_seqs &&
-               block_size == o.block_size && max_blocks == o.max_blocks;
+               block_size == o.block_size && max_blocks == o.max_blocks && kv_ring == o.kv_ring;
     }
 };
 

@@ -129,11 +129,15 @@ void Plan::allocate(bool keep_all) {
         if (size_t(l) >= kv_.layers.size()) kv_.layers.resize(size_t(l) + 1);
         KvRegion& r = kv_.layers[size_t(l)];
         if (r.backend < 0) {
-            size_t bytes = kv_row_bytes(kv_.type, int64_t(n.meta.n_head_kv) * n.meta.head_dim) * size_t(kv_.n_ctx);
-            r = {n.backend, backend(n.backend)->alloc_kv(bytes), backend(n.backend)->alloc_kv(bytes)};
+            const int rows = n.meta.kv_ring > 0 ? n.meta.kv_ring : kv_.n_ctx;
+            size_t bytes = kv_row_bytes(kv_.type, int64_t(n.meta.n_head_kv) * n.meta.head_dim) * size_t(rows);
+            r = {n.backend, backend(n.backend)->alloc_kv(bytes), backend(n.backend)->alloc_kv(bytes), n.meta.kv_ring, bytes};
         } else if (r.backend != n.backend) {
             throw MinferError(strfmt("the KV cache of layer %d lives on %s but this graph runs it on %s", l,
                                      backend(r.backend)->name(), backend(n.backend)->name()));
+        } else if (r.ring != n.meta.kv_ring) {
+            throw MinferError(strfmt("the KV cache of layer %d is a ring of %d rows but this graph reads %d", l, r.ring,
+                                     n.meta.kv_ring));
         }
     }
 
@@ -153,6 +157,9 @@ void Plan::allocate(bool keep_all) {
         a.out = BufRef{buf_[i], 0, n.cols};
         if (uses_kv(n.op)) {
             const KvRegion& r = kv_.layers.at(size_t(n.meta.layer));
+            if (r.ring != n.meta.kv_ring)
+                throw MinferError(strfmt("'%s' reads layer %d's KV cache as a ring of %d rows; it has %d", n.name.c_str(),
+                                         n.meta.layer, n.meta.kv_ring, r.ring));
             a.kv_k = r.k;
             a.kv_v = r.v;
         }

@@ -37,6 +37,15 @@ struct ModelConfig {
     static ModelConfig from_gguf(const WeightStore& weights);
     std::string layer_weight(int layer, const char* name) const;  // "blk.{layer}.{name}"
     bool is_local(int layer) const { return swa_window > 0 && layer % swa_period < swa_period - 1; }
+    // A local layer's KV ring for a context of n_ctx: its window, plus the rows of one step (a step of at most
+    // kRingStep rows stores its keys before reading the window behind them), rounded up to 32; 0 where the
+    // ring would not be smaller than the context (or the layer is global).  A sequence may go back (rewind)
+    // at most kRingStep positions from the furthest one written.
+    static constexpr int kRingStep = 512;
+    int kv_ring(int layer, int n_ctx) const {
+        const int rows = (swa_window + kRingStep + 31) / 32 * 32;
+        return is_local(layer) && rows < n_ctx ? rows : 0;
+    }
     // The graph of a step of this model (its architecture's).
     Graph graph(const GraphParams& params) const { return architecture->graph(*this, params); }
 };

@@ -149,6 +149,9 @@ void bind_engine(py::module_& m) {
         .def_property_readonly("chained_steps", &Session::chained_steps)
         .def_property_readonly("backends", &Session::backend_names)
         .def_property_readonly("device", &Session::device)
+        .def_property_readonly("rewind_floor", &Session::rewind_floor,
+                               "the earliest position a step may start at, other than 0 (local layers' KV rings)")
+        .def_property_readonly("kv_bytes", &Session::kv_bytes, "bytes of KV cache allocated so far")
         .def_property_readonly("scheduler", &Session::scheduler, py::return_value_policy::reference_internal,
                                "the Scheduler this session runs its plans on")
         .def("run_ops", [](Session& s, const std::string& backend, const py::list& inputs, const py::list& nodes,

@@ -10,6 +10,8 @@ namespace minfer {
 struct KvRegion {
     int backend = -1;  // index into the engine's backend list
     int k = -1, v = -1;
+    int ring = 0;      // the layer's kv_ring (0: n_ctx rows)
+    size_t bytes = 0;  // of k, and of v
 };
 
 struct KvCache {

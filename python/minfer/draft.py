@@ -102,7 +102,7 @@ class DraftRun(Proposer):
     def _catch_up(self):
         """Evaluates the sequence's tokens the draft's cache lacks (at least the last); its next logits."""
         d, ts = self.draft, self.tokens
-        keep = reusable_prefix(d.cached, ts)
+        keep = reusable_prefix(d.cached, ts, d.session.rewind_floor)
         d.cached = d.cached[:keep]
         logits = d.session.eval(_ids(ts[keep:]), keep)
         d.cached = list(ts)

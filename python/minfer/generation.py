@@ -65,12 +65,15 @@ def make_sampler(n_vocab: int, sampling: dict, prompt=()):
     return sampler
 
 
-def reusable_prefix(cached: list[int], tokens: list[int]) -> int:
+def reusable_prefix(cached: list[int], tokens: list[int], floor: int = 0) -> int:
     """How many leading tokens a KV cache holding `cached` can keep for `tokens`: their common prefix, leaving
-    at least one token to evaluate (its logits are the next token's)."""
+    at least one token to evaluate (its logits are the next token's).  floor: the session's rewind_floor (a
+    model whose local layers keep rings of KV cannot go back further than that): a shorter prefix is
+    recomputed from the start."""
     keep = 0
     for a, b in zip(cached, tokens):
         if a != b:
             break
         keep += 1
-    return min(keep, len(tokens) - 1)
+    keep = min(keep, len(tokens) - 1)
+    return keep if keep >= floor else 0

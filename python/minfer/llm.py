@@ -269,7 +269,7 @@ class _Generation:
             sess = llm._live()
             t0 = time.perf_counter()
             ids = self.ids.tolist()
-            keep = reusable_prefix(llm._cached, ids)  # the KV of the prefix shared with the previous call
+            keep = reusable_prefix(llm._cached, ids, sess.rewind_floor)  # the KV of the prefix shared with the last call
             m.cached_tokens = keep
             llm._cached = llm._cached[:keep]
             logits = sess.eval(np.asarray(ids[keep:], np.int32), keep)

@@ -206,8 +206,8 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
     for (int64_t r = 0; r < rows; r++) {
         if (pos[r] < 0 || pos[r] >= kv.n_ctx)
             throw MinferError(strfmt("KvStore: position %d is outside the KV cache of %d positions", pos[r], kv.n_ctx));
-        kv_write_row(kv.type, k + r * k_ld, k_cache + size_t(pos[r]) * rb, kv.dim);
-        kv_write_row(kv.type, v + r * v_ld, v_cache + size_t(pos[r]) * rb, kv.dim);
+        kv_write_row(kv.type, k + r * k_ld, k_cache + kv.row(pos[r]) * rb, kv.dim);
+        kv_write_row(kv.type, v + r * v_ld, v_cache + kv.row(pos[r]) * rb, kv.dim);
     }
 }
 
@@ -216,6 +216,9 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                    int head_dim, float scale, int window, ThreadPool& pool, const KvPages* pages) {
     const int group = n_head / n_head_kv;
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
+    if (kv.ring > 0 && (pages || window <= 0 || window > kv.ring))
+        throw MinferError(strfmt("Attn: a KV ring of %d rows needs one sequence and a window that fits it (window %d)",
+                                 kv.ring, window));
     // Runs of query rows that share one sequence's keys: the whole step for one sequence, each sequence's
     // rows in a batch.
     std::vector<std::pair<int64_t, int64_t>> runs;
@@ -266,7 +269,7 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         const int h0 = g * group + part * per_part, h1 = std::min((g + 1) * group, h0 + per_part);
         // the cache row of the task's sequence's key j
         const int32_t* table = pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr;
-        auto row_of = [&](int j) { return table ? size_t(table[j / bs]) * size_t(bs) + size_t(j % bs) : size_t(j); };
+        auto row_of = [&](int j) { return table ? size_t(table[j / bs]) * size_t(bs) + size_t(j % bs) : kv.row(j); };
         if (h0 >= h1) return;
         const int nh = h1 - h0;
         // row r sees keys [first_key(r), pos[r]]; the task, keys [k_lo, n_keys)

@@ -15,6 +15,8 @@ struct KvLayout {
     uint32_t type;     // F32, F16 or Q8_0
     int64_t dim;       // n_head_kv * head_dim
     int n_ctx;
+    int ring = 0;      // > 0: the cache is a ring of this many rows, position p in row p % ring (a local layer)
+    size_t row(int p) const { return size_t(ring > 0 ? p % ring : p); }
 };
 
 // A batch step's view of the pool (see KvLayout): rows sequence by sequence.

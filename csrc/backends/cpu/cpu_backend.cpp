@@ -103,13 +103,13 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
                      m.rope_base, m.rope_scale, m.rope_neox, (const int32_t*)at(a.in[1]), *pool_);
             return;
         case Op::KvStore: {
-            KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx};
+            KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx, m.kv_ring};
             cpu_kv_store(at(a.in[0]), a.in[0].ld, at(a.in[1]), a.in[1].ld, rows, (const int32_t*)at(a.in[2]),
                          (uint8_t*)ptr(a.kv_k), (uint8_t*)ptr(a.kv_v), kv);
             return;
         }
         case Op::Attn: {
-            KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx};
+            KvLayout kv{m.kv_type, int64_t(m.n_head_kv) * m.head_dim, m.n_ctx, m.kv_ring};
             KvPages pages{};
             if (m.block_size > 0)
                 pages = {(const int32_t*)at(a.in[3]), (const int32_t*)at(a.in[4]), int(a.in[4].rows), int(a.in[4].ld),

@@ -318,8 +318,8 @@ bool MetalBackend::supports_op(const Node& node) const {
             // a batch step's paged pool: no Metal kernels yet, so the pool and its ops live on the CPU
             if (node.meta.block_size > 0) return false;
             // gemma's local layers: the sliding window has no Metal kernel yet, so their cache and attention
-            // live on the CPU
-            if (node.meta.window > 0) return false;
+            // live on the CPU (with their KV rings)
+            if (node.meta.window > 0 || node.meta.kv_ring > 0) return false;
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;

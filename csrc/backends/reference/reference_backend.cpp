@@ -152,8 +152,9 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                 std::memcpy(&p, in(2, r), 4);
                 if (p < 0 || p >= m.n_ctx)
                     throw MinferError(strfmt("KvStore: position %d is outside the KV cache of %d positions", p, m.n_ctx));
-                kv_write_row(m.kv_type, in(0, r), (uint8_t*)ptr(a.kv_k) + size_t(p) * rb, dim);
-                kv_write_row(m.kv_type, in(1, r), (uint8_t*)ptr(a.kv_v) + size_t(p) * rb, dim);
+                const size_t row = size_t(m.kv_ring > 0 ? p % m.kv_ring : p);  // a local layer's ring
+                kv_write_row(m.kv_type, in(0, r), (uint8_t*)ptr(a.kv_k) + row * rb, dim);
+                kv_write_row(m.kv_type, in(1, r), (uint8_t*)ptr(a.kv_v) + row * rb, dim);
             }
             return;
         }
@@ -166,7 +167,8 @@ void ReferenceBackend::execute_node(const Node& node, const ExecArgs& a) {
                 int32_t p;
                 std::memcpy(&p, in(1, r), 4);
                 // key j's cache row: j itself, or (a batch step) through the row's sequence's block table
-                std::function<size_t(int)> row_of = [](int j) { return size_t(j); };
+                const int ring = m.kv_ring;
+                std::function<size_t(int)> row_of = [ring](int j) { return size_t(ring > 0 ? j % ring : j); };
                 int max_pos = m.n_ctx;
                 if (m.block_size > 0) {
                     int32_t seq;
