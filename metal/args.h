@@ -53,10 +53,15 @@ struct GetRowsArgs {
 
 struct KvStoreArgs {  // KV rows of `dim` values at the rows' positions; kv_type: ggml's id (F32 0, F16 1, Q8_0 8)
     uint dim, n_ctx, k_ld, v_ld, kv_type;
+    uint ring;        // > 0: the cache is a ring of this many rows, position p in row p % ring (a local layer)
 };
+
+// The cache row of position p: p itself, or its row in a local layer's ring.
+static inline uint kv_row(uint p, uint ring) { return ring > 0 ? p % ring : p; }
 
 struct RopeStoreArgs { // rope_kv_store: rope(q) -> y; rope(k) and v stored at the row's position
     uint q_cols, kv_dim, head_dim, rope_dim, neox, q_ld, k_ld, v_ld, y_ld, n_ctx, kv_type;
+    uint ring;        // as KvStoreArgs
 };
 
 struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type as above
@@ -64,4 +69,9 @@ struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type 
     float scale;
     uint splits;      // attention_split / attention_combine: the number of KV splits
     uint rows_q;      // attention_prefill: the number of query rows
+    uint window;      // > 0: a query at position p sees keys p - window < j <= p (gemma's local layers)
+    uint ring;        // as KvStoreArgs
 };
+
+// The first key a query at position p sees.
+static inline uint first_key(int p, uint window) { return window > 0 && uint(p) >= window ? uint(p) - window + 1 : 0; }

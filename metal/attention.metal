@@ -1,5 +1,6 @@
 // The KV store and causal GQA attention over the cache (f32 or f16 rows of
-// n_head_kv * head_dim values, one row per position).
+// n_head_kv * head_dim values, one row per position; a local layer's window of
+// positions, in a ring of rows where its cache is one: args.h).
 //
 // attention: one threadgroup of 128 threads per (query head, row); the row's
 // visible positions 0..pos are walked in chunks of 128 with an online
@@ -30,12 +31,12 @@ kernel void kv_store(constant KvStoreArgs& a [[buffer(0)]], device const float* 
             if (i == 0) atomic_fetch_or_explicit(err, 2u, memory_order_relaxed);
         } else if (a.kv_type == 8) {  // one thread per block of 32
             if (i % 32 == 0) {
-                store_q8_0(k + r * a.k_ld + i, K + (uint(p) * (a.dim / 32) + i / 32) * 34);
-                store_q8_0(v + r * a.v_ld + i, V + (uint(p) * (a.dim / 32) + i / 32) * 34);
+                store_q8_0(k + r * a.k_ld + i, K + (kv_row(uint(p), a.ring) * (a.dim / 32) + i / 32) * 34);
+                store_q8_0(v + r * a.v_ld + i, V + (kv_row(uint(p), a.ring) * (a.dim / 32) + i / 32) * 34);
             }
         } else {
-            store_value(K, a.kv_type, uint(p), a.dim, i, k[r * a.k_ld + i]);
-            store_value(V, a.kv_type, uint(p), a.dim, i, v[r * a.v_ld + i]);
+            store_value(K, a.kv_type, kv_row(uint(p), a.ring), a.dim, i, k[r * a.k_ld + i]);
+            store_value(V, a.kv_type, kv_row(uint(p), a.ring), a.dim, i, v[r * a.v_ld + i]);
         }
     }
 }
@@ -64,12 +65,12 @@ kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q 
     const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);  // the host checked positions; stay in bounds regardless
     device const float* qh = q + r * a.q_ld + h * hd;
     float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
-    for (uint j0 = 0; j0 <= uint(p); j0 += 128) {
+    for (uint j0 = first_key(p, a.window); j0 <= uint(p); j0 += 128) {
         const uint n = min(128u, uint(p) + 1 - j0);
         float sc = -INFINITY;
         if (tid < n) {
             float dot = 0.0f;
-            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, j0 + tid, dim, col0 + d);
+            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, kv_row(j0 + tid, a.ring), dim, col0 + d);
             sc = dot * a.scale;
         }
         const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
@@ -81,8 +82,9 @@ kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q 
         m = nm;
         float acc0 = 0.0f, acc1 = 0.0f;
         for (uint jj = 0; jj < n; jj++) {
-            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid);
-            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid + 128);
+            const uint row = kv_row(j0 + jj, a.ring);
+            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid);
+            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid + 128);
         }
         o0 = o0 * corr + acc0;
         o1 = o1 * corr + acc1;
@@ -110,12 +112,12 @@ kernel void attention_split(constant AttnArgs& a [[buffer(0)]], device const flo
     const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);
     device const float* qh = q + r * a.q_ld + h * hd;
     float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
-    for (uint j0 = z * 128; j0 <= uint(p); j0 += S * 128) {
+    for (uint j0 = first_key(p, a.window) + z * 128; j0 <= uint(p); j0 += S * 128) {
         const uint n = min(128u, uint(p) + 1 - j0);
         float sc = -INFINITY;
         if (tid < n) {
             float dot = 0.0f;
-            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, j0 + tid, dim, col0 + d);
+            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, kv_row(j0 + tid, a.ring), dim, col0 + d);
             sc = dot * a.scale;
         }
         const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
@@ -127,8 +129,9 @@ kernel void attention_split(constant AttnArgs& a [[buffer(0)]], device const flo
         m = nm;
         float acc0 = 0.0f, acc1 = 0.0f;
         for (uint jj = 0; jj < n; jj++) {
-            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid);
-            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, j0 + jj, dim, col0 + tid + 128);
+            const uint row = kv_row(j0 + jj, a.ring);
+            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid);
+            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid + 128);
         }
         o0 = o0 * corr + acc0;
         o1 = o1 * corr + acc1;

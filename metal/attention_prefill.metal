@@ -27,9 +27,13 @@ kernel void attention_prefill(constant AttnArgs& a [[buffer(0)]], device const f
     threadgroup float* m_row = stat;
     threadgroup float* l_row = stat + TQ;
     threadgroup float* corr_row = stat + 2 * TQ;
-    int last = -1;
+    int last = -1, lo = int(a.n_ctx);  // the tile's keys: from its first row's first key to its last position
     for (uint i = 0; i < TQ; i++)
-        if (r0 + i < a.rows_q) last = max(last, min(pos[r0 + i], int(a.n_ctx) - 1));
+        if (r0 + i < a.rows_q) {
+            const int p = min(pos[r0 + i], int(a.n_ctx) - 1);
+            last = max(last, p);
+            lo = min(lo, int(first_key(max(p, 0), a.window)));
+        }
     for (uint e = tid; e < TQ * hd; e += 128) {
         const uint i = e / hd, d = e % hd;
         qs[e] = r0 + i < a.rows_q ? q[(r0 + i) * a.q_ld + h * hd + d] : 0.0f;
@@ -38,12 +42,12 @@ kernel void attention_prefill(constant AttnArgs& a [[buffer(0)]], device const f
     if (tid < TQ) m_row[tid] = -INFINITY, l_row[tid] = 0.0f;
     threadgroup_barrier(mem_flags::mem_threadgroup);
 
-    for (uint j0 = 0; int(j0) <= last; j0 += TK) {
+    for (uint j0 = uint(lo) / TK * TK; int(j0) <= last; j0 += TK) {
         for (uint e = tid; e < TK * hd; e += 128) {
             const uint j = e / hd, d = e % hd;
             const bool in = j0 + j < a.n_ctx;
-            ks[e] = in ? float(K[(j0 + j) * dim + col0 + d]) : 0.0f;
-            vs[e] = in ? float(V[(j0 + j) * dim + col0 + d]) : 0.0f;
+            ks[e] = in ? float(K[kv_row(j0 + j, a.ring) * dim + col0 + d]) : 0.0f;
+            vs[e] = in ? float(V[kv_row(j0 + j, a.ring) * dim + col0 + d]) : 0.0f;
         }
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (sg < TK / 8) {  // S: 1 x 2 blocks of 8 x 8, one per simdgroup 0 and 1
@@ -60,7 +64,8 @@ kernel void attention_prefill(constant AttnArgs& a [[buffer(0)]], device const f
         {  // online softmax: thread tid takes row tid / 16, column tid % 16
             const uint i = tid / TK, c = tid % TK;
             const int p = r0 + i < a.rows_q ? pos[r0 + i] : -1;
-            const float sv = int(j0 + c) <= p ? ss[i * TK + c] * a.scale : -INFINITY;
+            const bool seen = int(j0 + c) <= p && j0 + c >= first_key(max(p, 0), a.window);
+            const float sv = seen ? ss[i * TK + c] * a.scale : -INFINITY;
             float mx = sv;
             for (ushort o = 1; o < TK; o *= 2) mx = max(mx, simd_shuffle_xor(mx, o));
             const float m_old = m_row[i], m_new = max(m_old, mx);

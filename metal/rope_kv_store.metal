@@ -36,13 +36,13 @@ kernel void rope_kv_store(constant RopeStoreArgs& a [[buffer(0)]], device const 
     device const float* vr = v + r * a.v_ld;
     if (ok && a.kv_type == 8) {
         for (uint b = tid; b < a.kv_dim / 32; b += ntg) {
-            store_q8_0(kr + b * 32, K + (uint(p) * (a.kv_dim / 32) + b) * 34);
-            store_q8_0(vr + b * 32, V + (uint(p) * (a.kv_dim / 32) + b) * 34);
+            store_q8_0(kr + b * 32, K + (kv_row(uint(p), a.ring) * (a.kv_dim / 32) + b) * 34);
+            store_q8_0(vr + b * 32, V + (kv_row(uint(p), a.ring) * (a.kv_dim / 32) + b) * 34);
         }
     } else if (ok) {
         for (uint i = tid; i < a.kv_dim; i += ntg) {
-            store_value(K, a.kv_type, uint(p), a.kv_dim, i, kr[i]);
-            store_value(V, a.kv_type, uint(p), a.kv_dim, i, vr[i]);
+            store_value(K, a.kv_type, kv_row(uint(p), a.ring), a.kv_dim, i, kr[i]);
+            store_value(V, a.kv_type, kv_row(uint(p), a.ring), a.kv_dim, i, vr[i]);
         }
     }
 }

@@ -241,19 +241,24 @@ def test_get_rows_is_exact(k, rng, wtype):
 @pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("rows,first", [(1, 260), (5, 20)], ids=["decode", "prefill"])
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])
-def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv, head_dim):
+@pytest.mark.parametrize("window,ring", [(0, 0), (100, 0), (12, 0), (100, 160)], ids=["causal", "window", "window12",
+                                                                                      "ring"])
+def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv, head_dim, window, ring):
+    """Stores then attention over the cache: causal, or a sliding window (gemma's local layers), whose cache
+    may be a ring of rows (position p in row p % ring; 160 rows hold the window and a step)."""
     n_ctx, dim = 300, n_head_kv * head_dim
     row_bytes = {0: 4 * dim, 1: 2 * dim, 8: dim // 32 * 34}[kv_type]
-    K = np.zeros(n_ctx * row_bytes, np.uint8)
+    K = np.zeros((ring or n_ctx) * row_bytes, np.uint8)
     V = np.zeros_like(K)
     # positions before `first` hold earlier tokens' rows (written by an earlier store)
     hist_k = rng.standard_normal((first, dim)).astype(np.float32)
     hist_v = rng.standard_normal((first, dim)).astype(np.float32)
     err = np.zeros(1, np.uint32)
     store = lambda kk, vv, p: k.dispatch(  # noqa: E731
-        "kv_store", {0: pack("IIIII", dim, n_ctx, dim, dim, kv_type), 1: kk, 2: vv, 3: p, 4: K, 5: V, 6: err},
+        "kv_store", {0: pack("IIIIII", dim, n_ctx, dim, dim, kv_type, ring), 1: kk, 2: vv, 3: p, 4: K, 5: V, 6: err},
         grid=((dim + 63) // 64, len(p), 1), tg=(64, 1, 1))
-    store(hist_k, hist_v, np.arange(first, dtype=np.int32))
+    for c in range(0, first, 64):  # earlier steps (a ring wraps over them)
+        store(hist_k[c:c + 64], hist_v[c:c + 64], np.arange(c, min(first, c + 64), dtype=np.int32))
     kn = (rng.standard_normal((rows, dim)) * 2).astype(np.float32)
     vn = rng.standard_normal((rows, dim)).astype(np.float32)
     pos = (np.arange(rows) + first).astype(np.int32)
@@ -262,33 +267,37 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
     q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
     out = np.full((rows, n_head * head_dim), np.nan, np.float32)
     scale = 1 / np.sqrt(head_dim)
-    k.dispatch("attention", {0: pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
-                                     n_head * head_dim, kv_type, scale, 1, rows), 1: q, 2: pos, 3: K, 4: V, 5: out},
+    k.dispatch("attention", {0: pack("IIIIIIIfIIII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim,
+                                     n_head * head_dim, kv_type, scale, 1, rows, window, ring),
+                             1: q, 2: pos, 3: K, 4: V, 5: out},
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
+    n = first + rows
+    held = np.arange(max(0, n - ring) if ring else 0, n)  # the positions the cache still holds
     if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
         cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
-        stored = np.stack([dequantize(K[j * row_bytes:(j + 1) * row_bytes], 8) for j in range(first + rows)])
+        stored = np.stack([dequantize(K[j * row_bytes:(j + 1) * row_bytes], 8) for j in held % (ring or n_ctx)])
     else:
         cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))  # noqa: E731
-        stored = K.view(np.float16 if kv_type else np.float32).reshape(n_ctx, dim)[: first + rows]
+        stored = K.view(np.float16 if kv_type else np.float32).reshape(ring or n_ctx, dim)[held % (ring or n_ctx)]
     Kc = cast(np.concatenate([hist_k, kn]))
     Vc = cast(np.concatenate([hist_v, vn]))
-    assert np.array_equal(stored.astype(np.float64), Kc)  # the store wrote exactly the rounded rows at their positions
+    assert np.array_equal(stored.astype(np.float64), Kc[held])  # the store wrote exactly the rounded rows in their rows
     g = n_head // n_head_kv
     ref = np.zeros((rows, n_head * head_dim))
     for r in range(rows):
+        lo = max(0, pos[r] - window + 1) if window else 0
         for h in range(n_head):
             cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
-            s = Kc[: pos[r] + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
+            s = Kc[lo: pos[r] + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
             p = np.exp(s - s.max())
-            ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vc[: pos[r] + 1, cs]
+            ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vc[lo: pos[r] + 1, cs]
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
-    if rows == 1:  # the KV-split variant (3 splits: blocks 0..2 take chunks 0, 1, 2 of the 261 positions)
+    if rows == 1:  # the KV-split variant (3 splits: blocks 0..2 take chunks 0, 1, 2 of the visible positions)
         S = 3
         partial = np.full(n_head * S * (head_dim + 2), np.nan, np.float32)
         split = np.full_like(out, np.nan)
-        args = pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, kv_type,
-                    scale, S, 1)
+        args = pack("IIIIIIIfIIII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, kv_type,
+                    scale, S, 1, window, ring)
         k.dispatch("attention_split", {0: args, 1: q, 2: pos, 3: K, 4: V, 5: partial}, grid=(n_head, 1, S),
                    tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
         k.dispatch("attention_combine", {0: args, 1: partial, 2: split}, grid=(n_head, 1, 1), tg=(64, 1, 1))
@@ -315,12 +324,13 @@ def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, ro
                    grid=((c // 2 + 63) // 64, rows, 1), tg=(64, 1, 1))
     K1, V1 = np.zeros(n_ctx * row_bytes, np.uint8), np.zeros(n_ctx * row_bytes, np.uint8)
     err = np.zeros(1, np.uint32)
-    k.dispatch("kv_store", {0: pack("IIIII", dim, n_ctx, dim, dim, kv_type), 1: yk, 2: v, 3: pos, 4: K1, 5: V1, 6: err},
+    k.dispatch("kv_store", {0: pack("IIIIII", dim, n_ctx, dim, dim, kv_type, 0), 1: yk, 2: v, 3: pos, 4: K1, 5: V1,
+                            6: err},
                grid=((dim + 63) // 64, rows, 1), tg=(64, 1, 1))
     # fused
     y = np.full_like(q, np.nan)
     K2, V2 = np.zeros_like(K1), np.zeros_like(V1)
-    args = pack("I" * 11, qc, dim, head_dim, rope_dim, int(neox), qc, dim, dim, qc, n_ctx, kv_type)
+    args = pack("I" * 12, qc, dim, head_dim, rope_dim, int(neox), qc, dim, dim, qc, n_ctx, kv_type, 0)
     fused = lambda p: k.dispatch(  # noqa: E731
         "rope_kv_store", {0: args, 1: q, 2: kx, 3: v, 4: p, 5: freq, 6: y, 7: K2, 8: V2, 9: err},
         grid=(rows, 1, 1), tg=(128, 1, 1), tg_bytes={0: dim * 4})
@@ -335,21 +345,24 @@ def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, ro
 
 
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])
-def test_prefill_attention_on_simdgroup_matrices(k, rng, n_head, n_head_kv, head_dim):
+@pytest.mark.parametrize("window,ring", [(0, 0), (11, 0), (11, 48)], ids=["causal", "window", "ring"])
+def test_prefill_attention_on_simdgroup_matrices(k, rng, n_head, n_head_kv, head_dim, window, ring):
     """37 query rows at positions 20..56 over an f16 cache (rows 0..19 hold earlier tokens): 5 tiles of 8
-    rows, the last partial; f32 arithmetic, so the bound of the one-row kernel."""
+    rows, the last partial; f32 arithmetic, so the bound of the one-row kernel.  With a window of 11 (not a
+    multiple of the 16-key tiles), and with the cache a ring of 48 rows (positions 9..56, row p % 48)."""
     rows, first, n_ctx, dim = 37, 20, 128, n_head_kv * head_dim
     kk = (rng.standard_normal((first + rows, dim)) * 2).astype(np.float16)
     vv = rng.standard_normal((first + rows, dim)).astype(np.float16)
-    K = np.zeros((n_ctx, dim), np.float16)
+    K = np.zeros((ring or n_ctx, dim), np.float16)
     V = np.zeros_like(K)
-    K[: first + rows], V[: first + rows] = kk, vv
+    for p in range(first + rows):  # what stores in position order leave
+        K[p % (ring or n_ctx)], V[p % (ring or n_ctx)] = kk[p], vv[p]
     q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
     pos = (np.arange(rows) + first).astype(np.int32)
     out = np.full((rows, n_head * head_dim), np.nan, np.float32)
     scale = 1 / np.sqrt(head_dim)
-    args = pack("IIIIIIIfII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, 1, scale, 1,
-                rows)
+    args = pack("IIIIIIIfIIII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, 1, scale, 1,
+                rows, window, ring)
     k.dispatch("attention_prefill", {0: args, 1: q, 2: pos, 3: K, 4: V, 5: out}, grid=(n_head, 5, 1), tg=(128, 1, 1),
                tg_bytes={0: 8 * head_dim * 4, 1: 16 * head_dim * 4, 2: 16 * head_dim * 4, 3: 8 * 16 * 4,
                          4: 8 * head_dim * 4, 5: 3 * 8 * 4})
@@ -359,9 +372,10 @@ def test_prefill_attention_on_simdgroup_matrices(k, rng, n_head, n_head_kv, head
     for h in range(n_head):
         cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
         for r in range(rows):
-            s = Kd[: pos[r] + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
+            lo = max(0, pos[r] - window + 1) if window else 0
+            s = Kd[lo: pos[r] + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
             p = np.exp(s - s.max())
-            ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vd[: pos[r] + 1, cs]
+            ref[r, h * head_dim:(h + 1) * head_dim] = (p / p.sum()) @ Vd[lo: pos[r] + 1, cs]
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
 
 

@@ -259,6 +259,25 @@ def test_qwen3_norm_fusion_on_the_mock_device(setup, tmp_path):
     assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max(), np.abs(a - b).max()
 
 
+def test_gemma3_on_the_mock_device(setup, tmp_path):
+    """The tiny gemma3 (tests/tiny_models.py: sliding-window layers of 16 positions, linear RoPE scaling on the
+    global one, GELU gate, sandwich norms, softcap) runs wholly on Metal -- one split, windowed attention
+    included -- and matches its float64 forward (positions up to 22: the window cuts from position 16 on)."""
+    import subprocess
+    import sys
+
+    from tiny_models import gemma3_forward_f64
+
+    exe, _ = setup
+    model = tmp_path / "gemma3.gguf"
+    subprocess.run([sys.executable, str(REPO / "tests" / "tiny_models.py"), "gemma3-q8_0", str(model)], check=True)
+    r = run_driver(exe, model, METAL_FORWARD_DUMP=str(tmp_path / "metal.f32"))
+    assert r["splits"] == 1 and r["ops"].get("Attn") == 6 and r["ops"].get("SoftCap") == 1, r
+    ref = gemma3_forward_f64(str(model), TOKENS)
+    got = np.fromfile(tmp_path / "metal.f32", np.float32).reshape(ref.shape)
+    assert np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max(), np.abs(got - ref).max()
+
+
 def test_batch_steps_on_the_mock_device(setup, tmp_path):
     """A Metal BatchRunner: the step's projections, norms and RoPE on Metal, the paged KV pool with its store and
     attention on the CPU (Metal has no paged kernels yet; the placement says so), two sequences of a ragged

@@ -317,9 +317,6 @@ bool MetalBackend::supports_op(const Node& node) const {
         case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
             // a batch step's paged pool: no Metal kernels yet, so the pool and its ops live on the CPU
             if (node.meta.block_size > 0) return false;
-            // gemma's local layers: the sliding window has no Metal kernel yet, so their cache and attention
-            // live on the CPU (with their KV rings)
-            if (node.meta.window > 0 || node.meta.kv_ring > 0) return false;
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;
@@ -655,7 +652,8 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::RopeKvStore: {
             const uint dim = uint(m.n_head_kv * m.head_dim);
             RopeStoreArgs r{cols, dim, uint(m.head_dim), uint(m.rope_dim), m.rope_neox ? 1u : 0u, uint(a.in[0].ld),
-                            uint(a.in[1].ld), uint(a.in[2].ld), uint(a.out.ld), uint(m.n_ctx), uint(m.kv_type)};
+                            uint(a.in[1].ld), uint(a.in[2].ld), uint(a.out.ld), uint(m.n_ctx), uint(m.kv_type),
+                            uint(m.kv_ring)};
             id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base, m.rope_scale);
             return dispatch("rope_kv_store", &r, sizeof r,
                             {in(0, cols), in(1, dim), in(2, dim), in(3, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out,
@@ -670,14 +668,14 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::KvStore: {
             const uint dim = uint(m.n_head_kv * m.head_dim);
-            KvStoreArgs k{dim, uint(m.n_ctx), uint(a.in[0].ld), uint(a.in[1].ld), uint(m.kv_type)};
+            KvStoreArgs k{dim, uint(m.n_ctx), uint(a.in[0].ld), uint(a.in[1].ld), uint(m.kv_type), uint(m.kv_ring)};
             return dispatch("kv_store", &k, sizeof k, {in(0, dim), in(1, dim), in(2, 1), whole(a.kv_k), whole(a.kv_v), err},
                             MTLSizeMake((dim + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
         case Op::Attn: {
             const uint S = (uint(m.n_ctx) + 511) / 512;  // one split per 512 cached positions (fixed by n_ctx)
             AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
-                       uint(a.out.ld), uint(m.kv_type), m.attn_scale, S, rows};
+                       uint(a.out.ld), uint(m.kv_type), m.attn_scale, S, rows, uint(m.window), uint(m.kv_ring)};
             const uint hd = uint(m.head_dim);
             if (rows >= 16 && m.kv_type == GGML_TYPE_F16 && hd % 8 == 0 && hd <= 128) {  // prefill on simdgroup matrices
                 return dispatch("attention_prefill", &t, sizeof t,
