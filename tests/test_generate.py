@@ -114,3 +114,30 @@ def test_generate_cli_json():
     tok = tokenizer.from_gguf(path)
     assert out["text"] == tok.decode(out["tokens"]) and out["metrics"]["generated_tokens"] == len(out["tokens"])
     assert out["metrics"]["stop_reason"] in ("length", "stop")
+
+
+# Gemma 3's template in shape: the BOS first, turns of <start_of_turn>role ... <end_of_turn>.  The tiny gemma's
+# vocabulary has no turn tokens (they become text) and its BOS is "<s>".
+GEMMA_TURNS = ("{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+               "{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+               "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_a_chat_starts_with_one_bos(tmp_path):
+    """The model adds BOS and the template writes it too ({{ bos_token }}, or its text "<s>"): the prompt gets
+    one, and the same ids either way (as llama.cpp, the text after a special token takes the space prefix)."""
+    from tiny_models import gemma3_q8_0
+    from minfer import LLM, chat
+
+    messages = [{"role": "user", "content": "hi there"}]
+    got = []
+    for k, bos in enumerate(["{{ bos_token }}", "<s>"]):
+        path = tmp_path / f"gemma3-{k}.gguf"
+        gemma3_q8_0(str(path), chat_template=bos + GEMMA_TURNS)
+        llm = LLM(str(path), backend="cpu", threads=2)
+        ids = chat.encode(llm.tokenizer, chat.render(llm._template, messages))
+        assert ids[0] == 1 and ids.count(1) == 1, ids[:4]
+        assert llm.chat(messages, max_tokens=2).metrics.prompt_tokens == len(ids)
+        llm.close()
+        got.append(ids)
+    assert got[0] == got[1]

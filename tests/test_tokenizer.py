@@ -98,3 +98,17 @@ def test_byte_level_token_bytes(vocab):
         if tok.types[i] == T.NORMAL:
             assert tok.token_bytes(i) == bytes(char_to_byte.get(c, ord("?")) for c in t), i
     assert {k: len(v) for k, v in vars(tok).items() if hasattr(v, "__len__")} == before
+
+
+def test_special_tokens_in_text_as_llamacpp():
+    """Text with special tokens in it, parsed (a chat prompt's way), against llama.cpp's llama-tokenize on four
+    vocabularies (tests/fixtures/tokenizer_specials.json): SentencePiece prefixes a space to the text after
+    every special token, <unk> is special too, and Phi-3's special tokens (but <s>, <unk>, <|endoftext|>)
+    swallow the whitespace after them."""
+    from pathlib import Path
+
+    fx = json.loads((Path(__file__).parent / "fixtures" / "tokenizer_specials.json").read_text())
+    for vocab, rows in fx["cases"].items():
+        tok = T.from_gguf(shared_path("fixtures", "vocab", vocab))
+        for row in rows:
+            assert tok.encode(row["text"], add_special=True, parse_special=True) == row["ids"], (vocab, row["text"])

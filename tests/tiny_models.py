@@ -71,7 +71,7 @@ def llama_f32(out: str, extra: dict | None = None) -> None:
     Path(out).write_bytes(build_gguf(kv, t).data)
 
 
-def gemma3_q8_0(out: str) -> None:
+def gemma3_q8_0(out: str, chat_template: str | None = None) -> None:
     """Six layers so that gemma's pattern (every sixth layer global) has both kinds; a 16-token window so
     that prompts of 48 and 200 tokens reach past it; the global layer's RoPE scaled linearly by 8 (as in
     gemma3 4B+; base 1e4 so that it matters at these lengths); embeddings (tied with the output) of std 0.05,
@@ -90,6 +90,8 @@ def gemma3_q8_0(out: str) -> None:
           (g + "rope.scaling.type", STR, "linear"), (g + "rope.scaling.factor", F32, 8.0),
           (g + "attention.layer_norm_rms_epsilon", F32, 1e-6), (g + "final_logit_softcapping", F32, 5.0),
           ("general.file_type", U32, 7), ("tokenizer.ggml.add_bos_token", BOOL, True)] + vocab_kv()
+    if chat_template is not None:
+        kv.append(("tokenizer.chat_template", STR, chat_template))
     t = [q8_0_tensor("token_embd.weight", mat(VOCAB, HIDDEN, 0.05))]
     for i in range(layers):
         b = f"blk.{i}."

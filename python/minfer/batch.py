@@ -31,7 +31,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _minfer, constrain, engine, gguf, hub, tokenizer as tokenizer_mod
+from . import _minfer, chat as chat_mod, constrain, engine, gguf, hub, tokenizer as tokenizer_mod
 from .generation import Completion, ContextLengthError, check_request, make_sampler
 from .batch_draft import BatchDraft
 from .kv_blocks import BlockPool
@@ -134,7 +134,10 @@ class Engine:
         check_request(max_tokens, sampling)
         if logprobs is not None and not (isinstance(logprobs, int) and 0 <= logprobs <= 20):
             raise ValueError(f"logprobs must be an integer in [0, 20], got {logprobs!r}")
-        ids = self.tokenizer.encode(prompt, parse_special=parse_special) if isinstance(prompt, str) else list(prompt)
+        if isinstance(prompt, str):  # (parse_special: a chat, rendered by its template)
+            ids = chat_mod.encode(self.tokenizer, prompt) if parse_special else self.tokenizer.encode(prompt)
+        else:
+            ids = list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
         if min(ids) < 0 or max(ids) >= self.n_vocab:

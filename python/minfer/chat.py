@@ -37,6 +37,17 @@ def render(template: str | None, messages: list[dict], add_generation_prompt: bo
         raise TemplateError(f"chat template failed: {e}") from e
 
 
+def encode(tokenizer, text: str) -> list[int]:
+    """The ids of a rendered chat: special tokens parsed, the model's BOS added -- once.  Templates are given
+    an empty `bos_token`, but some write the BOS text itself (Gemma's "<bos>"): the tokenizer's BOS and
+    the template's would be two."""
+    ids = tokenizer.encode(text, add_special=True, parse_special=True)
+    bos = tokenizer.special.bos
+    if tokenizer.special.add_bos and bos is not None and ids[:2] == [bos, bos]:
+        del ids[0]
+    return ids
+
+
 def _tojson(value, indent=None, **_):
     import json
 

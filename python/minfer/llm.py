@@ -206,8 +206,8 @@ class LLM:
         else:
             constraint = constrain.pop_constraint(sampling)  # ValueError before any work
             check_request(max_tokens, sampling)
-        if isinstance(prompt, str):
-            ids = self.tokenize(prompt, parse_special=parse_special)
+        if isinstance(prompt, str):  # (parse_special: a chat, rendered by its template)
+            ids = chat_mod.encode(self.tokenizer, prompt) if parse_special else self.tokenize(prompt)
         else:
             ids = list(prompt)
         if self._closed:

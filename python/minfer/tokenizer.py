@@ -105,10 +105,14 @@ class _Vocabulary:
         self.special = Special(frozenset(eog), pick("tokenizer.ggml.bos_token_id"), eos,
                                bool(meta.get("tokenizer.ggml.add_bos_token", add_bos_default)),
                                bool(meta.get("tokenizer.ggml.add_eos_token", False)))
-        specials = [(t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED) and t]
+        specials = [(t, i) for i, t in enumerate(self.tokens) if self.types[i] in (CONTROL, USER_DEFINED, UNKNOWN) and t]
         specials.sort(key=lambda ti: -len(ti[0]))  # longest first, so no token cuts a longer one
         self._special_all = self._special_re([t for t, _ in specials])
         self._special_user = self._special_re([t for t, i in specials if self.types[i] == USER_DEFINED])
+        # Phi-3's special tokens swallow the whitespace after them, as llama.cpp sets for models of that name
+        # (its </s> too; not <unk>, <s>, <|endoftext|>)
+        phi3 = any(n in str(meta.get("general.name", "")).lower() for n in ("phi-3", "phi3"))
+        self._rstrip = ({t for t, _ in specials} | {"</s>"}) - {"<unk>", "<s>", "<|endoftext|>"} if phi3 else set()
 
     @staticmethod
     def _special_re(texts):
@@ -117,7 +121,11 @@ class _Vocabulary:
     def _split_special(self, text: str, parse_special: bool) -> list[str]:
         """Text pieces alternating with special-token texts (odd indices)."""
         splitter = self._special_all if parse_special else self._special_user
-        return splitter.split(text) if splitter else [text]
+        pieces = splitter.split(text) if splitter else [text]
+        for k in range(1, len(pieces) - 1, 2):
+            if pieces[k] in self._rstrip:
+                pieces[k + 1] = pieces[k + 1].lstrip(" \t\n\v\f\r")
+        return pieces
 
     @property
     def n_vocab(self) -> int:
@@ -287,15 +295,16 @@ class SPMTokenizer(_Vocabulary):
         ids = []
         if add_special and self.special.add_bos and self.special.bos is not None:
             ids.append(self.special.bos)
-        first = True
+        after_special = True  # the text at the start, and after each special token, gets the space prefix
         for k, piece in enumerate(self._split_special(text, parse_special)):
             if k % 2 == 1:
                 ids.append(self.vocab[piece])
+                after_special = True
             elif piece:
-                if self.add_space_prefix and first:
+                if self.add_space_prefix and after_special:
                     piece = " " + piece
                 ids.extend(self._spm(piece.replace(" ", self.SPACE)))
-            first = False
+                after_special = False
         if add_special and self.special.add_eos and self.special.eos is not None:
             ids.append(self.special.eos)
         return ids

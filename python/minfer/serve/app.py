@@ -126,7 +126,7 @@ def _prompt_ids(srv: Server, eng: Engine, job: api.Job) -> list[list[int]]:
                 text = chat_mod.render(srv.template, p, add_generation_prompt=True)
             except chat_mod.TemplateError as e:
                 raise api.APIError(400, str(e), "messages") from None
-            ids = eng.tokenizer.encode(text, parse_special=True)
+            ids = chat_mod.encode(eng.tokenizer, text)
         else:
             ids = eng.tokenizer.encode(p) if isinstance(p, str) else list(p)
         if not ids:
