@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from minfer.kv_blocks import BlockPool
+from minfer.kv_blocks import BlockPool, WindowPool
 
 
 def test_a_sequence_gets_the_blocks_its_tokens_need():
@@ -199,3 +199,75 @@ def test_random_requests_never_lose_a_block():
             break
     assert next_id == 1000 and not live and not waiting
     assert all(r == 0 for r in pool.refs) and pool.n_free == pool.n_blocks
+
+
+# ---- the sliding-window layers' pool ---------------------------------------------------------------------
+
+def grow(pool, seq, toks, end):
+    """Rows up to `end` written, as the engine does: blocks first, then the rows' KV counted in."""
+    copies = pool.ensure(seq, seq.n_tokens, end)
+    pool.written(seq, toks, end)
+    return copies
+
+
+def test_a_window_pool_keeps_only_the_window():
+    """Window 6, blocks of 4: once 10 rows are written, rows at 10 and later read keys 5.. (block 1 on),
+    so block 0 goes back (findable still); a sequence never holds more than window / 4 + 2 blocks."""
+    pool = WindowPool(8, 4, window=6)
+    toks = list(range(100, 160))
+    seq, hit = pool.allocate(toks[:11])
+    assert hit == 0 and seq.table == [] and seq.n_tokens == 0  # blocks come with the rows
+    grow(pool, seq, toks, 10)
+    assert seq.table[0] == -1 and seq.released == 1 and len(seq.table) == 3
+    assert pool.n_free == 8 - 2  # the released block is cached, so it counts as free
+    for n in range(11, 60):
+        grow(pool, seq, toks, n)
+        held = [b for b in seq.table if b >= 0]
+        assert len(held) <= 6 // 4 + 2 and all(b == -1 for b in seq.table[:pool.first_kept(n)])
+    pool.free(seq)
+    assert pool.n_free == pool.n_blocks and all(r == 0 for r in pool.refs)
+
+
+def test_a_window_pool_finds_a_prefix_by_its_window():
+    """A prefix is cached when the blocks its window reads are: evicting its first block does not lose a
+    16-token prefix whose window (6) starts in block 2, but does lose the 4-token one."""
+    pool = WindowPool(6, 4, window=6)
+    toks = list(range(200, 217))
+    seq, _ = pool.allocate(toks)
+    grow(pool, seq, toks, 16)
+    pool.free(seq)
+    assert pool.cached_prefix(toks) == 16
+    assert pool.cached_prefix(toks, limit=9) == 8
+    first = pool._by_hash[seq_hash(toks, 1)]
+    other = pool.allocate(list(range(300, 330)))[0]
+    while first in pool._cached:  # take blocks until the least recently freed (the first) is evicted
+        pool.ensure(other, other.n_tokens, other.n_tokens + 4)
+    assert pool.cached_prefix(toks) == 16 and pool.cached_prefix(toks[:5]) == 0
+    pool.free(other)
+    again, hit = pool.allocate(toks)
+    assert hit == 16 and again.table[:2] == [-1, -1] and again.released == 2
+    assert all(b >= 0 for b in again.table[2:4])
+
+
+def seq_hash(toks, n_blocks, bs=4):
+    from minfer.kv_blocks import chain_hash
+    h = b""
+    for i in range(n_blocks):
+        h = chain_hash(h, toks[i * bs:(i + 1) * bs])
+    return h
+
+
+def test_a_window_pool_copies_a_shared_block_before_writing():
+    pool = WindowPool(8, 4, window=6)
+    toks = list(range(50, 70))
+    seq, _ = pool.allocate(toks)
+    grow(pool, seq, toks, 6)
+    twin = pool.fork(seq)
+    copies = pool.ensure(twin, 6, 7)
+    assert len(copies) == 1 and copies[0][0] == seq.table[1] and twin.table[1] == copies[0][1]
+    assert pool.ensure(seq, 6, 7) == []  # the original is no longer shared
+    with pytest.raises(ValueError, match="rows"):
+        pool.ensure(seq, 9, 10)  # a gap
+    pool.free(seq)
+    pool.free(twin)
+    assert pool.n_free == pool.n_blocks

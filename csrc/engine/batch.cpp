@@ -17,22 +17,30 @@ constexpr size_t kMaxPlans = 24;  // power-of-two shapes: a decode and a mixed-s
 constexpr int kMixedTokens = 512;
 }  // namespace
 
-BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size)
+BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size,
+                         int local_tokens)
     : sched_(std::move(model), std::move(opts)), block_size_(block_size) {
     if (block_size < 1 || block_size > 1024 || (block_size & (block_size - 1)))
         throw MinferError(strfmt("block_size must be a power of two in [1, 1024], got %d", block_size));
     if (kv_tokens < 1) throw MinferError(strfmt("kv_tokens must be >= 1, got %d", kv_tokens));
     n_blocks_ = (kv_tokens + block_size - 1) / block_size;
     max_blocks_ = (sched_.n_ctx() + block_size - 1) / block_size;
+    if (local_tokens < 0) throw MinferError(strfmt("local_tokens must be >= 0, got %d", local_tokens));
     const ModelConfig& c = sched_.model().config();
-    const size_t bytes = 2 * size_t(c.n_layer) * size_t(n_blocks_) * size_t(block_size) *
-                         kv_row_bytes(sched_.options().kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    int n_local_layers = 0;
+    for (int l = 0; l < c.n_layer; l++) n_local_layers += c.is_local(l);
+    if (n_local_layers > 0 && local_tokens > 0) n_local_blocks_ = (local_tokens + block_size - 1) / block_size;
+    const size_t row = kv_row_bytes(sched_.options().kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    const size_t bytes = 2 * row * size_t(block_size) *
+                         (size_t(c.n_layer - (n_local_blocks_ ? n_local_layers : 0)) * size_t(n_blocks_) +
+                          size_t(n_local_blocks_ ? n_local_layers : 0) * size_t(n_local_blocks_));
     if (sched_.device() == "cpu")  // on a GPU the pool's allocation says when it does not fit
         check_fits(bytes, strfmt("the KV pool (%s, %d blocks of %d tokens x %d layers)", type_traits(sched_.options().kv_type).name,
                              n_blocks_, block_size, c.n_layer),
                "ask for fewer kv_tokens, or kv_type='q8_0'");
     kv_.type = sched_.options().kv_type;
     kv_.n_ctx = n_blocks_ * block_size;
+    kv_.n_ctx_local = n_local_blocks_ * block_size;
 }
 
 BatchRunner::~BatchRunner() { plans_.clear(); }
@@ -52,6 +60,7 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
     p.block_size = block_size_;
     p.max_blocks = max_blocks_;
     p.n_ctx = kv_.n_ctx;
+    p.n_ctx_local = kv_.n_ctx_local;
     auto it = plans_.begin();
     while (it != plans_.end() && !(it->params == p)) ++it;
     if (it != plans_.end()) {
@@ -62,7 +71,9 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
         const Graph& g = c.plan->graph();
         for (const Node& n : g.nodes) {
             bool seq = false;
-            if (n.op == Op::Input) seq = n.meta.input == InputKind::BlockTables || n.meta.input == InputKind::OutRows;
+            if (n.op == Op::Input)
+                seq = n.meta.input == InputKind::BlockTables || n.meta.input == InputKind::LocalTables ||
+                      n.meta.input == InputKind::OutRows;
             else if (n.op == Op::PickRows) seq = true;
             else if (!n.in.empty()) seq = c.per_seq[size_t(n.in[0].node)];
             c.per_seq.push_back(seq);
@@ -78,17 +89,21 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
 }
 
 Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                       const int32_t* tables, bool sync) {
+                       const int32_t* tables, const int32_t* local_tables, bool sync) {
     const ModelConfig& c = sched_.model().config();
     if (n_seqs < 1) throw MinferError("batch step: no sequences");
+    if (n_local_blocks_ > 0 && !local_tables)
+        throw MinferError("batch step: the sliding-window layers have a pool of their own: give their block tables");
     int n = 0;
     for (int s = 0; s < n_seqs; s++) {
         if (seq_lens[s] < 1) throw MinferError(strfmt("batch step: sequence %d has %d tokens (at least one)", s, seq_lens[s]));
         n += seq_lens[s];
     }
-    std::vector<int32_t> slots((size_t)n), seq((size_t)n), out_rows((size_t)n_seqs);
+    std::vector<int32_t> slots((size_t)n), seq((size_t)n), out_rows((size_t)n_seqs), local_slots;
+    if (n_local_blocks_ > 0) local_slots.resize(size_t(n));
     for (int s = 0, r = 0; s < n_seqs; s++) {
         const int32_t* table = tables + size_t(s) * size_t(max_blocks_);
+        const int32_t* local = n_local_blocks_ ? local_tables + size_t(s) * size_t(max_blocks_) : nullptr;
         for (int i = 0; i < seq_lens[s]; i++, r++) {
             const int p = positions[r];
             if (tokens[r] < 0 || tokens[r] >= c.n_vocab)
@@ -101,13 +116,20 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
                     throw MinferError(strfmt("batch step: sequence %d's block %d is %d, outside the pool of %d blocks", s, b,
                                              table[b], n_blocks_));
             slots[size_t(r)] = table[p / block_size_] * block_size_ + p % block_size_;
+            if (local) {  // the blocks of the window the row reads
+                for (int b = std::max(0, p - c.swa_window + 1) / block_size_; b <= p / block_size_; b++)
+                    if (local[b] < 0 || local[b] >= n_local_blocks_)
+                        throw MinferError(strfmt("batch step: sequence %d's block %d (position %d's window) in the "
+                                                 "sliding-window pool is %d, outside its %d blocks",
+                                                 s, b, p, local[b], n_local_blocks_));
+                local_slots[size_t(r)] = local[p / block_size_] * block_size_ + p % block_size_;
+            }
             seq[size_t(r)] = s;
         }
         out_rows[size_t(s)] = r - 1;
     }
-    {  // two rows writing one KV row is a block-table bug (a shared block not copied): refuse it
-        std::vector<int32_t> sorted = slots;
-        std::sort(sorted.begin(), sorted.end());
+    for (std::vector<int32_t> sorted : {slots, local_slots}) {  // two rows writing one KV row is a block-table
+        std::sort(sorted.begin(), sorted.end());                  // bug (a shared block not copied): refuse it
         if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
             throw MinferError("batch step: two tokens of the step write the same KV row (a shared block needs a copy first)");
     }
@@ -118,21 +140,26 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
     pl.write_input(InputKind::Slots, slots.data(), n);
     pl.write_input(InputKind::SeqIndex, seq.data(), n);
     pl.write_input(InputKind::BlockTables, tables, n_seqs * max_blocks_);
+    if (n_local_blocks_ > 0) {
+        pl.write_input(InputKind::LocalSlots, local_slots.data(), n);
+        pl.write_input(InputKind::LocalTables, local_tables, n_seqs * max_blocks_);
+    }
     if (pl.graph().params.n_seqs < pl.graph().params.n_tokens) pl.write_input(InputKind::OutRows, out_rows.data(), n_seqs);
     sched_.run(pl, sync);
     return pl;
 }
 
 void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                       const int32_t* tables, float* logits) {
-    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, true);
+                       const int32_t* tables, const int32_t* local_tables, float* logits) {
+    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, true);
     std::vector<float> out = pl.read_node(pl.graph().output);
     std::memcpy(logits, out.data(), size_t(n_seqs) * size_t(sched_.model().config().n_vocab) * sizeof(float));
 }
 
 void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                              const int32_t* tables, int32_t* out, const Plan::AllowFn& allow) {
-    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, false);
+                              const int32_t* tables, const int32_t* local_tables, int32_t* out,
+                              const Plan::AllowFn& allow) {
+    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, false);
     pl.argmax_rows(pl.graph().output, out, allow ? allow() : nullptr);
 }
 
@@ -151,16 +178,20 @@ std::map<std::string, std::set<std::string>> BatchRunner::placement() {
     return out;
 }
 
-void BatchRunner::copy_block(int src, int dst) {
-    if (src < 0 || src >= n_blocks_ || dst < 0 || dst >= n_blocks_)
-        throw MinferError(strfmt("copy_block: blocks %d -> %d outside the pool of %d", src, dst, n_blocks_));
+void BatchRunner::copy_block(int src, int dst, bool local) {
+    const int pool = local ? n_local_blocks_ : n_blocks_;
+    if (src < 0 || src >= pool || dst < 0 || dst >= pool)
+        throw MinferError(strfmt("copy_block: blocks %d -> %d outside the %spool of %d", src, dst,
+                                 local ? "sliding-window layers' " : "", pool));
     const ModelConfig& c = sched_.model().config();
     const size_t bytes = size_t(block_size_) * kv_row_bytes(kv_.type, int64_t(c.n_head_kv) * c.head_dim);
     if (bytes % sizeof(float)) throw MinferError("copy_block: a block is not a whole number of floats");
     const size_t nf = bytes / sizeof(float);
     std::vector<float> tmp(nf);
-    for (const KvRegion& r : kv_.layers) {
+    for (size_t l = 0; l < kv_.layers.size(); l++) {
+        const KvRegion& r = kv_.layers[l];
         if (r.backend < 0) continue;  // no step has run yet
+        if ((n_local_blocks_ > 0 && c.is_local(int(l))) != local) continue;  // the other pool
         Backend* b = sched_.backends()[size_t(r.backend)].get();
         for (int region : {r.k, r.v}) {
             b->read_host(region, size_t(src) * nf, tmp.data(), nf);

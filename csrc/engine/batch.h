@@ -5,7 +5,12 @@
 // step — a chunk of a prompt, or one decode token, per sequence, laid out sequence by sequence — so each
 // weight is read once per step, and returns each sequence's last row's logits (or their argmax).  A plan is
 // built for a power-of-two number of tokens and of sequences and runs any step that fits (Plan::set_rows),
-// so a stream of steps of changing shapes reuses a handful of plans.  Reference: tests/test_batch.py.
+// so a stream of steps of changing shapes reuses a handful of plans.
+//
+// A model with sliding-window layers may give them a pool of their own (local_tokens > 0): a row there reads
+// only its window, so a sequence needs only its last window's blocks in that pool, and its table there
+// (local_tables) lists those; entries before them are -1 (minfer.kv_blocks.WindowPool frees them as the
+// sequence moves on).  Reference: tests/test_batch.py, tests/test_batch_window.py.
 #pragma once
 #include <list>
 #include <map>
@@ -22,36 +27,39 @@ namespace minfer {
 class BatchRunner {
   public:
     // kv_tokens: the pool's size in tokens (rounded up to whole blocks); opts.n_ctx caps one sequence.
-    BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size);
+    // local_tokens: the sliding-window layers' own pool (0: they use the one pool; ignored without such layers).
+    BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size, int local_tokens = 0);
     ~BatchRunner();
 
     // One step over n_seqs sequences: sequence s contributes seq_lens[s] consecutive rows (tokens at
     // positions), and its block table is row s of tables ([n_seqs, max_blocks()]; entries past the
     // sequence's last block are ignored).  logits: [n_seqs, n_vocab], each sequence's last row.
     void step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-              const int32_t* tables, float* logits);
+              const int32_t* tables, const int32_t* local_tables, float* logits);
     // The same step; out[s] is the argmax of sequence s's logits, found where they were computed, among the
     // tokens row s of `allow`'s masks permits ([n_seqs] rows of ceil(n_vocab / 32) words).
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                     const int32_t* tables, int32_t* out, const Plan::AllowFn& allow = {});
+                     const int32_t* tables, const int32_t* local_tables, int32_t* out, const Plan::AllowFn& allow = {});
     // Builds now the plans that steps of up to max_seqs sequences take (a decode plan and a mixed one per power of
     // two), so that a server's memory is all taken at start rather than as rarer step shapes first come.
     void prepare(int max_seqs);
     // Which backends run each op of the step's graph (op name -> backend names): on Metal, the paged KV pool and
     // its attention are on the CPU.
     std::map<std::string, std::set<std::string>> placement();
-    // Copies block src's KV rows to block dst in every layer (copy-on-write of a shared block).
-    void copy_block(int src, int dst);
+    // Copies block src's KV rows to block dst in every layer of its pool (copy-on-write of a shared block):
+    // the sliding-window layers' own pool where local, else the one pool.
+    void copy_block(int src, int dst, bool local = false);
 
     int n_blocks() const { return n_blocks_; }
     int block_size() const { return block_size_; }
     int max_blocks() const { return max_blocks_; }  // blocks in one sequence's table: n_ctx / block_size
+    int n_local_blocks() const { return n_local_blocks_; }  // the sliding-window layers' own pool (0: none)
     Scheduler& scheduler() { return sched_; }
     int graph_builds() const { return graph_builds_; }
 
   private:
     Plan& run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-              const int32_t* tables, bool sync);
+              const int32_t* tables, const int32_t* local_tables, bool sync);
     Plan& plan(int n_tokens, int n_seqs);
     struct Cached {
         GraphParams params;
@@ -59,7 +67,7 @@ class BatchRunner {
         std::vector<bool> per_seq;  // node -> its rows are one per sequence (else one per token)
     };
     Scheduler sched_;
-    int block_size_, n_blocks_, max_blocks_;
+    int block_size_, n_blocks_, max_blocks_, n_local_blocks_ = 0;
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
     int graph_builds_ = 0;

@@ -52,8 +52,9 @@ inline bool uses_kv(Op op) { return stores_kv(op) || op == Op::Attn; }
 // The inputs of a step.  A batch step (GraphParams::n_seqs > 0) lays its rows out sequence by sequence and
 // adds: Slots (the KV-pool row each token's k and v go to: KvStore's input 2 instead of the positions),
 // SeqIndex (each row's sequence), BlockTables ([n_seqs, max_blocks] pool block ids: Attn's inputs 3, 4)
-// and OutRows (the row whose logits each sequence wants: PickRows's input 1).
-enum class InputKind : uint8_t { Tokens, Positions, Data, Slots, SeqIndex, BlockTables, OutRows };  // Data: any f32 matrix (op tests)
+// and OutRows (the row whose logits each sequence wants: PickRows's input 1).  With a pool of its own for the
+// sliding-window layers (GraphParams::n_ctx_local), their KvStore and Attn take LocalSlots and LocalTables.
+enum class InputKind : uint8_t { Tokens, Positions, Data, Slots, SeqIndex, BlockTables, OutRows, LocalSlots, LocalTables };  // Data: any f32 matrix (op tests)
 
 struct NodeInput {
     int node = -1;   // producer
@@ -115,10 +116,12 @@ struct GraphParams {
     bool kv_ring = false;          // local layers' caches are rings (ModelConfig::kv_ring); the backends that
                                    // would hold them must support it (the CPU and the reference do)
     int block_size = 0, max_blocks = 0;  // batch: tokens per KV block, blocks per sequence's table
+    int n_ctx_local = 0;  // batch: rows of the sliding-window layers' own pool (0: every layer uses the one pool)
     bool operator==(const GraphParams& o) const {
         return n_tokens == o.n_tokens && all_logits == o.all_logits && fuse == o.fuse && kv_type == o.kv_type &&
                n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment && n_seqs == o.n_seqs &&
-               block_size == o.block_size && max_blocks == o.max_blocks && kv_ring == o.kv_ring;
+               block_size == o.block_size && max_blocks == o.max_blocks && kv_ring == o.kv_ring &&
+               n_ctx_local == o.n_ctx_local;
     }
 };
 

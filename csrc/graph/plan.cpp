@@ -123,13 +123,14 @@ void Plan::allocate(bool keep_all) {
     for (const Node& n : graph_.nodes) {
         if (!stores_kv(n.op)) continue;
         const int l = n.meta.layer;
-        if (kv_.type != n.meta.kv_type || kv_.n_ctx != n.meta.n_ctx)
+        const int kv_rows = n.meta.window > 0 && kv_.n_ctx_local > 0 ? kv_.n_ctx_local : kv_.n_ctx;
+        if (kv_.type != n.meta.kv_type || kv_rows != n.meta.n_ctx)
             throw MinferError(strfmt("graph KV (%s, %d positions) does not match the session's KV cache (%s, %d)",
-                                     type_traits(n.meta.kv_type).name, n.meta.n_ctx, type_traits(kv_.type).name, kv_.n_ctx));
+                                     type_traits(n.meta.kv_type).name, n.meta.n_ctx, type_traits(kv_.type).name, kv_rows));
         if (size_t(l) >= kv_.layers.size()) kv_.layers.resize(size_t(l) + 1);
         KvRegion& r = kv_.layers[size_t(l)];
         if (r.backend < 0) {
-            const int rows = n.meta.kv_ring > 0 ? n.meta.kv_ring : kv_.n_ctx;
+            const int rows = n.meta.kv_ring > 0 ? n.meta.kv_ring : kv_rows;
             size_t bytes = kv_row_bytes(kv_.type, int64_t(n.meta.n_head_kv) * n.meta.head_dim) * size_t(rows);
             r = {n.backend, backend(n.backend)->alloc_kv(bytes), backend(n.backend)->alloc_kv(bytes), n.meta.kv_ring, bytes};
         } else if (r.backend != n.backend) {

@@ -60,7 +60,7 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
     mp.input = InputKind::Positions;
     int pos = b.node(Op::Input, {}, n, 1, mp, "positions");
     const bool batch = params.n_seqs > 0;
-    int slots = pos, seq = -1, tables = -1, out_rows = -1;
+    int slots = pos, seq = -1, tables = -1, out_rows = -1, local_slots = -1, local_tables = -1;
     if (batch) {
         auto input = [&](InputKind kind, int rows, int cols, const char* name) {
             NodeMeta m;
@@ -70,6 +70,10 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         slots = input(InputKind::Slots, n, 1, "slots");
         seq = input(InputKind::SeqIndex, n, 1, "seq_index");
         tables = input(InputKind::BlockTables, params.n_seqs, params.max_blocks, "block_tables");
+        if (params.n_ctx_local > 0) {  // the sliding-window layers' own pool
+            local_slots = input(InputKind::LocalSlots, n, 1, "local_slots");
+            local_tables = input(InputKind::LocalTables, params.n_seqs, params.max_blocks, "local_block_tables");
+        }
         if (params.n_seqs < n) out_rows = input(InputKind::OutRows, params.n_seqs, 1, "out_rows");
     }
 
@@ -130,15 +134,17 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         ma.head_dim = c.head_dim;
         ma.kv_type = params.kv_type;
         ma.n_ctx = params.n_ctx;
+        const bool own_pool = batch && c.is_local(l) && params.n_ctx_local > 0;
+        if (own_pool) ma.n_ctx = params.n_ctx_local;
         ma.attn_scale = c.attn_scale > 0.0f ? c.attn_scale : float(1.0 / std::sqrt(double(c.head_dim)));
         ma.window = c.is_local(l) ? c.swa_window : 0;
         if (batch) ma.block_size = params.block_size;  // KvStore and Attn over the paged pool
         else if (params.kv_ring) ma.kv_ring = c.kv_ring(l, params.n_ctx);
-        int st = b.node(Op::KvStore, {full(k), full(v), full(slots)}, n, 1, ma, L + "kv_store");
+        int st = b.node(Op::KvStore, {full(k), full(v), full(own_pool ? local_slots : slots)}, n, 1, ma, L + "kv_store");
         std::vector<NodeInput> attn_in = {full(q), full(pos), full(st)};
         if (batch) {
             attn_in.push_back(full(seq));
-            attn_in.push_back(full(tables));
+            attn_in.push_back(full(own_pool ? local_tables : tables));
         }
         int att = b.node(Op::Attn, attn_in, n, q_cols, ma, L + "attn");
         int o = matmul(att, L + "attn_output.weight", "", n, c.n_embd, Role::None);

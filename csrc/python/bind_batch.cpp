@@ -15,11 +15,13 @@ using I32Array = py::array_t<int32_t, py::array::c_style | py::array::forcecast>
 
 // The step's arrays, checked against each other before any work.
 struct StepArgs {
-    I32Array tokens, positions, seq_lens, tables;
+    I32Array tokens, positions, seq_lens, tables, local;
     int n_seqs;
+    const int32_t* local_tables() const { return local.size() ? local.data() : nullptr; }
 };
 
-StepArgs step_args(const BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
+StepArgs step_args(const BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
+                   const py::object& local_tables) {
     const py::ssize_t n = tokens.size(), s = seq_lens.size();
     if (tokens.ndim() != 1 || positions.ndim() != 1 || seq_lens.ndim() != 1)
         throw py::value_error("tokens, positions and seq_lens must be 1-D");
@@ -30,7 +32,13 @@ StepArgs step_args(const BatchRunner& b, I32Array tokens, I32Array positions, I3
     py::ssize_t total = 0;
     for (py::ssize_t i = 0; i < s; i++) total += seq_lens.data()[i];
     if (total != n) throw py::value_error("seq_lens add up to " + std::to_string(total) + ", not the " + std::to_string(n) + " tokens");
-    return {tokens, positions, seq_lens, tables, int(s)};
+    I32Array local;
+    if (!local_tables.is_none()) {
+        local = local_tables.cast<I32Array>();
+        if (local.ndim() != 2 || local.shape(0) != s || local.shape(1) != b.max_blocks())
+            throw py::value_error("local_tables must be shaped as tables");
+    }
+    return {tokens, positions, seq_lens, tables, local, int(s)};
 }
 
 }  // namespace
@@ -38,43 +46,50 @@ StepArgs step_args(const BatchRunner& b, I32Array tokens, I32Array positions, I3
 void bind_batch(py::module_& m) {
     py::class_<BatchRunner>(m, "BatchRunner", "steps over many sequences sharing one paged KV pool")
         .def(py::init([](std::shared_ptr<Model> model, int n_ctx, int threads, const std::string& kv_type,
-                         const std::string& device, int kv_tokens, int block_size) {
+                         const std::string& device, int kv_tokens, int block_size, int local_tokens) {
                  return std::make_unique<BatchRunner>(std::move(model),
                                                       scheduler_options(n_ctx, threads, kv_type, "", device, true),
-                                                      kv_tokens, block_size);
+                                                      kv_tokens, block_size, local_tokens);
              }),
              py::arg("model"), py::arg("n_ctx") = 0, py::arg("threads") = 0, py::arg("kv_type") = "f16",
-             py::arg("device") = "", py::arg("kv_tokens") = 0, py::arg("block_size") = 32)
-        .def("step", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables) {
-            StepArgs a = step_args(b, tokens, positions, seq_lens, tables);
+             py::arg("device") = "", py::arg("kv_tokens") = 0, py::arg("block_size") = 32, py::arg("local_tokens") = 0,
+             "local_tokens > 0: the sliding-window layers get a pool of their own of that many tokens")
+        .def("step", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
+                        const py::object& local_tables) {
+            StepArgs a = step_args(b, tokens, positions, seq_lens, tables, local_tables);
             const int n_vocab = b.scheduler().model().config().n_vocab;
             py::array_t<float> out({py::ssize_t(a.n_seqs), py::ssize_t(n_vocab)});
             float* o = out.mutable_data();
             {
                 py::gil_scoped_release nogil;
-                b.step(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o);
+                b.step(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(),
+                       a.local_tables(), o);
             }
             return out;
         }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
+           py::arg("local_tables") = py::none(),
            "one step: sequence s has seq_lens[s] consecutive rows; returns [n_seqs, n_vocab] logits of each "
            "sequence's last row")
         .def("step_greedy", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
-                               const py::object& allow) {
-            StepArgs a = step_args(b, tokens, positions, seq_lens, tables);
+                               const py::object& local_tables, const py::object& allow) {
+            StepArgs a = step_args(b, tokens, positions, seq_lens, tables, local_tables);
             py::array_t<int32_t> out(py::ssize_t{a.n_seqs});
             int32_t* o = out.mutable_data();
             py::object hold;
             const Plan::AllowFn fn = allow_fn(allow, a.n_seqs, b.scheduler().model().config().n_vocab, hold);
             {
                 py::gil_scoped_release nogil;
-                b.step_greedy(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(), o, fn);
+                b.step_greedy(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(),
+                              a.local_tables(), o, fn);
             }
             return out;
-        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"), py::arg("allow") = py::none(),
+        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
+           py::arg("local_tables") = py::none(), py::arg("allow") = py::none(),
            "the same step; returns each sequence's argmax token, among those its row of `allow` permits ([n_seqs, "
            "words] token bitmasks, or a callable returning them, called while the step runs)")
-        .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"),
-             "copies a block's KV rows in every layer (copy-on-write)")
+        .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"), py::arg("local") = false,
+             "copies a block's KV rows in every layer of its pool (copy-on-write): local, the sliding-window layers' own")
+        .def_property_readonly("n_local_blocks", &BatchRunner::n_local_blocks)
         .def_property_readonly("n_blocks", &BatchRunner::n_blocks)
         .def_property_readonly("block_size", &BatchRunner::block_size)
         .def_property_readonly("max_blocks", &BatchRunner::max_blocks)

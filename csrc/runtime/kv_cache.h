@@ -17,6 +17,7 @@ struct KvRegion {
 struct KvCache {
     uint32_t type = 1;  // F16
     int n_ctx = 0;
+    int n_ctx_local = 0;  // a batch pool's rows for sliding-window layers, where they have a pool of their own
     std::vector<KvRegion> layers;
 };
 

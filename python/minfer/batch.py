@@ -34,7 +34,7 @@ import numpy as np
 from . import _minfer, chat as chat_mod, constrain, engine, gguf, hub, tokenizer as tokenizer_mod
 from .generation import Completion, ContextLengthError, check_request, make_sampler
 from .batch_draft import BatchDraft
-from .kv_blocks import BlockPool
+from .kv_blocks import BlockPool, WindowPool
 from .request import Request
 from .speculative import MAX_DRAFT, DraftLength
 from .stops import StopText
@@ -42,7 +42,9 @@ from .stops import StopText
 class Engine:
     """Continuous batching over one model: up to `max_sequences` sequences per step, their KV in a pool of
     `kv_tokens` tokens (default: max_sequences full contexts, at most 65,536 tokens) in blocks of
-    `block_size`; a step reads at most `step_tokens` tokens."""
+    `block_size`; a step reads at most `step_tokens` tokens.  A model's sliding-window layers (Gemma 3's
+    local ones) keep their KV in a pool of their own, where each sequence holds only its window's blocks,
+    where that pool is the smaller."""
 
     def __init__(self, model: str | engine.Model = hub.DEFAULT_MODEL, n_ctx: int | None = None,
                  threads: int | None = None, backend: str = "cpu", kv_type: str = "f16", max_sequences: int = 16,
@@ -64,9 +66,13 @@ class Engine:
         if kv_tokens is None:
             per_seq = n_ctx or min(self._model.config["n_ctx_train"], 4096)
             kv_tokens = max(per_seq, min(max_sequences * per_seq, 1 << 16))
+        window = self._model.config["sliding_window"]
+        # every sequence's window (WindowPool: a block before it and the block being filled) and a step's rows
+        window_tokens = (max_sequences * (-(-window // block_size) + 4) + -(-step_tokens // block_size)) * block_size
         self._runner = _minfer.BatchRunner(self._model, n_ctx=n_ctx, threads=threads or 0, kv_type=kv_type,
                                            device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
-                                           block_size=block_size)
+                                           block_size=block_size,
+                                           local_tokens=window_tokens if window and window_tokens < kv_tokens else 0)
         self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
         self._runner.prepare(max_sequences)  # every step shape's plan (and its memory) now, not over hours
         if self._runner.device == "metal":  # visibly, not silently: which ops of a step leave the GPU
@@ -93,9 +99,12 @@ class Engine:
             self._draft = BatchDraft(draft_model, tokenizer, os.path.basename(path), self.n_ctx, threads, backend,
                                      kv_type, kv_tokens, block_size, max_sequences)
         self.pool = BlockPool(self._runner.n_blocks, self._runner.block_size)
+        self.window_pool = (WindowPool(self._runner.n_local_blocks, block_size, window)
+                            if self._runner.n_local_blocks else None)
         # each running sequence's block table in a row of its own (Request.slot), kept as its blocks change, so a
         # step gathers its tables in one indexing instead of a conversion a sequence
         self._tables = np.zeros((max_sequences, self._runner.max_blocks), np.int32)
+        self._window_tables = np.full_like(self._tables, -1) if self.window_pool else None
         self._slots = list(range(max_sequences - 1, -1, -1))
         self._waiting: collections.deque[Request] = collections.deque()
         self._running: list[Request] = []   # admission order: the last is the newest (preempted first)
@@ -232,6 +241,9 @@ class Engine:
             self.pool.free(r.blocks)
             r.blocks = None
             self._slots.append(r.slot)
+        if r.window_blocks is not None:
+            self.window_pool.free(r.window_blocks)
+            r.window_blocks = None
         r.n_kv = 0
 
     def _drop_cancelled(self) -> None:
@@ -254,21 +266,54 @@ class Engine:
                 if not self._waiting:
                     return
                 r = self._waiting[0]
-                if not self.pool.can_allocate(r.all_tokens):
+                hit = self._cached_prefix(r.all_tokens)
+                if not (self.pool.can_allocate(r.all_tokens, hit) and
+                        (self.window_pool is None or self.window_pool.can_allocate(r.all_tokens, hit))):
                     if self._running:
                         return  # it waits for blocks to come back
                     self._waiting.popleft()  # alone it still does not fit: the pool is its context
                     r._finish("context")
                     continue
                 self._waiting.popleft()
-            r.blocks, r.n_kv = self.pool.allocate(r.all_tokens)
+            r.blocks, r.n_kv = self.pool.allocate(r.all_tokens, hit)
             r.slot = self._slots.pop()
             self._tables[r.slot, :len(r.blocks.table)] = r.blocks.table
+            if self.window_pool is not None:
+                r.window_blocks, _ = self.window_pool.allocate(r.all_tokens, hit)
+                self._window_tables[r.slot] = -1
+                self._window_tables[r.slot, :len(r.window_blocks.table)] = r.window_blocks.table
             if not r.admitted:
                 r.metrics.cached_tokens = r.n_kv
                 r.admitted = True
                 r.t_admit = time.perf_counter()
             self._running.append(r)
+
+    def _cached_prefix(self, tokens: list[int]) -> int:
+        """How many leading tokens every pool holds (the sliding-window one: their windows)."""
+        hit = self.pool.cached_prefix(tokens)
+        return hit if self.window_pool is None else self.window_pool.cached_prefix(tokens, hit)
+
+    def _window_rows(self, batch: list[tuple[Request, int]]) -> None:
+        """Blocks in the sliding-window pool for the rows each sequence writes this step."""
+        wp, tables = self.window_pool, self._window_tables
+        for r, n in batch:
+            seq = r.window_blocks
+            had = len(seq.table)
+            for src, dst in wp.ensure(seq, r.n_kv, r.n_kv + n):  # (a copy of the block at r.n_kv)
+                self._runner.copy_block(src, dst, local=True)
+                tables[r.slot, r.n_kv // wp.block_size] = dst
+            if len(seq.table) != had:
+                tables[r.slot, had:len(seq.table)] = seq.table[had:]
+
+    def _written(self, r: Request) -> None:
+        """r.n_kv rows of the sequence are computed: full blocks become findable (and the sliding-window pool
+        takes back the blocks before its window)."""
+        if r.n_kv >= (len(r.blocks.hashes) + 1) * self.pool.block_size:
+            self.pool.written(r.blocks, r.all_tokens, r.n_kv)
+        w = r.window_blocks
+        if w is not None and (r.n_kv >= (len(w.hashes) + 1) * self.pool.block_size or
+                              self.window_pool.first_kept(r.n_kv) > w.released):
+            self.window_pool.written(w, r.all_tokens, r.n_kv)
 
     def _preempt(self) -> Request:
         victim = self._running.pop()
@@ -344,6 +389,8 @@ class Engine:
             n = min(left, budget)
             batch.append((r, n))
             budget -= n
+        if self.window_pool is not None:
+            self._window_rows(batch)
         return batch
 
     def _run_step(self, batch: list[tuple[Request, int]]) -> None:
@@ -373,7 +420,9 @@ class Engine:
             slots.append(r.slot)
             owner.append(i)
         tables = self._tables[slots]  # entries past a sequence's last block are ignored
-        args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables)
+        window_tables = None if self.window_pool is None else self._window_tables[slots]
+        args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables,
+                window_tables)
         # rows that sample: a decode row, or a prompt's last chunk
         rows = [first[i] for i, (r, n) in enumerate(batch) if r.decoding or r.n_kv + n == len(r.all_tokens)]
         spec = {i for i, (r, _) in enumerate(batch) if r.decoding and r.draft}
@@ -405,7 +454,6 @@ class Engine:
         step_s += self._draft_s
         judged = bool(spec) and decode_only and self._plain_tok_s is not None  # does this step's speculation pay?
         n_before = sum(r.metrics.generated_tokens for r, _ in batch) if judged else 0
-        bs = self.pool.block_size
         picked = picked.tolist()
         for i, (r, n) in enumerate(batch):
             k = first[i]
@@ -413,8 +461,7 @@ class Engine:
                 self._check_draft(r, picked[k:k + n], None if logits is None else logits[k:k + n], step_s)
                 continue
             r.n_kv += n
-            if r.n_kv >= (len(r.blocks.hashes) + 1) * bs:  # a block's rows are all written: findable now
-                self.pool.written(r.blocks, r.all_tokens, r.n_kv)
+            self._written(r)
             if r.n_kv == len(r.all_tokens):
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
@@ -470,8 +517,8 @@ class Engine:
             self._draft.checked(r, n_sequence, kept)
         r.metrics.drafted_tokens += len(draft)
         r.metrics.accepted_tokens += kept
-        if r.blocks is not None and r.n_kv >= (len(r.blocks.hashes) + 1) * self.pool.block_size:
-            self.pool.written(r.blocks, r.all_tokens, r.n_kv)
+        if r.blocks is not None:
+            self._written(r)
 
     def _take(self, r: Request, tok: int) -> None:
         """A sequence's next token: streamed, or the end of it."""

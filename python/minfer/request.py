@@ -53,6 +53,7 @@ class Request:
         self.t_first: float | None = None
         # the engine's view: KV blocks, and how many of prompt + tokens have KV rows
         self.blocks: SeqBlocks | None = None
+        self.window_blocks: SeqBlocks | None = None  # in the sliding-window layers' pool, where they have one
         self.slot = -1  # its row of the engine's block tables while it has blocks
         self.decoding = False  # this step feeds it its last token (and its draft)
         self.n_kv = 0

@@ -237,9 +237,11 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     if (!pages) runs.push_back({0, rows});
     for (auto [a, e] : pages ? runs : decltype(runs){}) {  // every block a run's rows read, once a run
         const int s = pages->seq[a];
-        int last = 0;
-        for (int64_t r = a; r < e; r++) last = std::max(last, pos[r]);
-        for (int b = 0; b <= last / bs; b++) {
+        int last = 0, first = pos[a];
+        for (int64_t r = a; r < e; r++) last = std::max(last, pos[r]), first = std::min(first, pos[r]);
+        // (a window: only the blocks of its keys; a sliding-window pool frees those before)
+        const int lo = window > 0 ? std::max(0, first - window + 1) : 0;
+        for (int b = lo / bs; b <= last / bs; b++) {
             const int id = pages->tables[size_t(s) * size_t(pages->max_blocks) + size_t(b)];
             if (id < 0 || int64_t(id) * bs >= kv.n_ctx)
                 throw MinferError(strfmt("Attn: sequence %d's block %d is %d, outside the pool of %d blocks", s, b, id,
