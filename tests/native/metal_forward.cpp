@@ -43,9 +43,9 @@ int batch_steps(std::shared_ptr<Model> model, const char* path) {
     const std::vector<int32_t> pos = {0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4};
     const int32_t lens[2] = {8, 5};
     std::vector<float> out(size_t(4) * V);
-    runner.step(prompt.data(), pos.data(), lens, 2, tables.data(), out.data());
+    runner.step(prompt.data(), pos.data(), lens, 2, tables.data(), nullptr, out.data());
     const int32_t dec[2] = {3, 200}, dpos[2] = {8, 5}, ones[2] = {1, 1};
-    runner.step(dec, dpos, ones, 2, tables.data(), out.data() + size_t(2) * V);
+    runner.step(dec, dpos, ones, 2, tables.data(), nullptr, out.data() + size_t(2) * V);
     if (FILE* f = std::fopen(path, "wb")) {
         std::fwrite(out.data(), 4, out.size(), f);
         std::fclose(f);
