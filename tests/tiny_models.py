@@ -42,14 +42,15 @@ def q8_0_tensor(name: str, arr: np.ndarray):
     return (name, int(GGMLType.Q8_0), list(reversed(a.shape)), quantize(a.reshape(-1), GGMLType.Q8_0).tobytes())
 
 
-def llama_f32(out: str, extra: dict | None = None) -> None:
-    """extra: more llama.* keys (str or float values), for tests of how they are read."""
+def llama_f32(out: str, extra: dict | None = None, context: int = 2048) -> None:
+    """extra: more llama.* keys (str or float values), for tests of how they are read; context: the trained
+    context length."""
     rng = np.random.default_rng(0)
     mat = lambda rows, cols, std=0.02: rng.standard_normal((rows, cols)).astype(np.float32) * np.float32(std)  # noqa: E731
     norm = lambda n: (1 + 0.05 * rng.standard_normal(n)).astype(np.float32)  # noqa: E731
     layers = 2
     kv = [("general.architecture", STR, "llama"), ("general.name", STR, "minfer-iquants-source"),
-          ("llama.context_length", U32, 2048), ("llama.embedding_length", U32, HIDDEN),
+          ("llama.context_length", U32, context), ("llama.embedding_length", U32, HIDDEN),
           ("llama.block_count", U32, layers), ("llama.feed_forward_length", U32, FFN),
           ("llama.attention.head_count", U32, HEADS), ("llama.attention.head_count_kv", U32, KV_HEADS),
           ("llama.rope.dimension_count", U32, HEAD_DIM), ("llama.rope.freq_base", F32, 10000.0),

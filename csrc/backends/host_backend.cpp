@@ -31,7 +31,7 @@ int Backend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
 
 int HostBackend::alloc_buffer(size_t n) {
     for (size_t i = 0; i < free_.size(); i++)
-        if (pool_[size_t(free_[i])].size() == n) {
+        if (pool_[size_t(free_[i])].size == n) {
             int id = free_[i];
             free_.erase(free_.begin() + long(i));
             return id;
@@ -45,21 +45,22 @@ void HostBackend::free_buffer(int id) {
 }
 
 int HostBackend::alloc_fresh(size_t n) {
-    try {
-        pool_.emplace_back(n ? n : 1);
-    } catch (const std::bad_alloc&) {
+    Buffer b;
+    b.size = n ? n : 1;
+    b.data.reset(static_cast<float*>(std::calloc(b.size, sizeof(float))));
+    if (!b.data)
         throw OutOfMemoryError(strfmt("%s: cannot allocate a buffer of %.1f MiB", name(), double(n) * 4 / 1048576.0));
-    }
+    pool_.push_back(std::move(b));
     return int(pool_.size()) - 1;
 }
 
 int HostBackend::alloc_kv(size_t bytes) { return alloc_fresh((bytes + 3) / 4); }
 
-size_t HostBackend::buffer_size(int id) const { return pool_.at(size_t(id)).size(); }
+size_t HostBackend::buffer_size(int id) const { return pool_.at(size_t(id)).size; }
 
 float* HostBackend::ptr(int id) {
     if (id < 0 || size_t(id) >= pool_.size()) throw MinferError(strfmt("%s: unknown buffer id %d", name(), id));
-    return pool_[size_t(id)].data();
+    return pool_[size_t(id)].data.get();
 }
 
 void HostBackend::read_host(int id, size_t offset, float* dst, size_t n) {

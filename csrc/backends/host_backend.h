@@ -1,7 +1,8 @@
 // The buffer pool shared by the backends whose memory is host memory (CPU and
-// reference): buffers are plain f32 vectors, read/write_host are memcpys, and
+// reference): buffers are zeroed f32 arrays, read/write_host are memcpys, and
 // synchronize has nothing to wait for (execute_node runs to completion).
 #pragma once
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -31,7 +32,12 @@ class HostBackend : public Backend {
     const WeightStore* weights_;
 
   private:
-    std::vector<std::vector<float>> pool_;
+    // calloc'd, so that the pages of a long context's KV region are taken as positions fill them, not up front.
+    struct Buffer {
+        std::unique_ptr<float, decltype(&std::free)> data{nullptr, &std::free};
+        size_t size = 0;
+    };
+    std::vector<Buffer> pool_;
     std::vector<int> free_;
 };
 

@@ -32,40 +32,24 @@ std::shared_ptr<Model> Model::load(const std::string& path) {
     return m;
 }
 
-Scheduler::Scheduler(std::shared_ptr<Model> model, SchedulerOptions opts) : model_(std::move(model)), opts_(std::move(opts)) {
-    const ModelConfig& c = model_->config();
-    if (opts_.n_ctx < 0) throw MinferError(strfmt("n_ctx must be positive, got %d", opts_.n_ctx));
-    if (opts_.n_ctx == 0) opts_.n_ctx = std::min(c.n_ctx_train, SchedulerOptions::kDefaultCtxCap);
-    if (opts_.n_ctx > c.n_ctx_train)
-        throw MinferError(strfmt("n_ctx %d is larger than the model's context length %d", opts_.n_ctx, c.n_ctx_train));
-    if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
-        throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
-    if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
-    const size_t kv_row = kv_row_bytes(opts_.kv_type, int64_t(c.n_head_kv) * c.head_dim);
-    size_t kv_bytes = 2 * size_t(c.n_layer) * size_t(opts_.n_ctx) * kv_row, kv_ring_bytes = 0;  // without, with rings
-    for (int l = 0; l < c.n_layer; l++)
-        kv_ring_bytes += 2 * kv_row * size_t(c.kv_ring(l, opts_.n_ctx) > 0 ? c.kv_ring(l, opts_.n_ctx) : opts_.n_ctx);
-    const std::string kv_what =
-        strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer);
-
-    // Which device: CUDA when asked for (an error if it cannot be had) or when
-    // "auto" finds one and every weight type has CUDA kernels (the gate).
-    std::string dev = opts_.device;
+namespace {
+// Which device a request means: CUDA when asked for (an error if it cannot be had) or when "auto" finds one
+// and every weight type has CUDA kernels (the gate); Metal likewise; else the CPU.  `say` prints why "auto"
+// passed over a device that is there.
+std::string resolve_device(std::string dev, const WeightStore& weights, bool say) {
     if (dev.empty()) dev = setting_text("MINFER_DEVICE");
     if (dev != "auto" && dev != "cpu" && dev != "cuda" && dev != "metal")
         throw MinferError(strfmt("device must be 'auto', 'cpu', 'cuda' or 'metal', got '%s'", dev.c_str()));
-    bool use_metal = false, use_cuda = false;
     if (dev == "metal" || dev == "auto") {
         MetalDeviceInfo info = metal_device_info();
         if (dev == "metal" && !info.available) throw MinferError("device='metal': " + info.reason);
-        if (info.built && !info.available && dev == "auto")
+        if (info.built && !info.available && dev == "auto" && say)
             std::fprintf(stderr, "minfer: Metal is not usable (%s); running without it\n", info.reason.c_str());
-        use_metal = info.available;
+        if (info.available) return "metal";
     }
-    if (dev == "cuda" || (dev == "auto" && !use_metal)) {
+    if (dev == "cuda" || dev == "auto") {
         CudaDeviceInfo info = cuda_device_info();
-        std::vector<std::string> missing = info.available ? cuda_unsupported_weights(model_->weights())
-                                                          : std::vector<std::string>{};
+        std::vector<std::string> missing = info.available ? cuda_unsupported_weights(weights) : std::vector<std::string>{};
         if (dev == "cuda" && !info.available) throw MinferError("device='cuda': " + info.reason);
         if (!missing.empty()) {
             std::string list;
@@ -73,16 +57,81 @@ Scheduler::Scheduler(std::shared_ptr<Model> model, SchedulerOptions opts) : mode
             if (dev == "cuda")
                 throw ModelError(strfmt("device='cuda': %zu weights have types without CUDA kernels: %s", missing.size(),
                                         list.c_str()));
-            std::fprintf(stderr, "minfer: running on the CPU: %zu weights have types without CUDA kernels (%s)\n",
-                         missing.size(), list.c_str());
+            if (say)
+                std::fprintf(stderr, "minfer: running on the CPU: %zu weights have types without CUDA kernels (%s)\n",
+                             missing.size(), list.c_str());
         }
-        use_cuda = info.available && missing.empty();
+        if (info.available && missing.empty()) return "cuda";
     }
-    device_ = use_metal ? "metal" : use_cuda ? "cuda" : "cpu";
+    return "cpu";
+}
+}  // namespace
+
+size_t context_kv_bytes(const ModelConfig& c, uint32_t kv_type, int n_ctx) {
+    const size_t kv_row = kv_row_bytes(kv_type, int64_t(c.n_head_kv) * c.head_dim);
+    size_t bytes = 0;  // local layers keep rings (ModelConfig::kv_ring)
+    for (int l = 0; l < c.n_layer; l++) {
+        const int ring = c.kv_ring(l, n_ctx);
+        bytes += 2 * kv_row * size_t(ring > 0 ? ring : n_ctx);
+    }
+    return bytes;
+}
+
+namespace {
+int fitting_context(const Model& model, uint32_t kv_type, const std::string& device) {
+    const ModelConfig& c = model.config();
+    // The KV cache may take half of what is left: of the process's memory budget on the host (Metal's memory
+    // is unified), of the device's free memory less the weights on CUDA.
+    size_t room = SIZE_MAX;
+    std::string where = "host memory";
+    if (device == "cuda") {
+        const size_t weights = model.weights().total_bytes();
+        const CudaDeviceInfo info = cuda_device_info();
+        room = info.free_bytes > weights ? (info.free_bytes - weights) / 2 : 0;
+        where = "free device memory";
+    } else {
+        const MemoryBudget b = memory_budget();
+        if (b.bytes != SIZE_MAX) room = b.bytes / 2, where = b.source;
+    }
+    if (context_kv_bytes(c, kv_type, c.n_ctx_train) <= room) return c.n_ctx_train;
+    int lo = 0, hi = c.n_ctx_train;  // the longest context, in whole 256-token steps, whose KV fits the room
+    while (hi - lo > 256) {
+        const int mid = (lo + hi) / 2 / 256 * 256;
+        if (mid <= lo) break;
+        (context_kv_bytes(c, kv_type, mid) <= room ? lo : hi) = mid;
+    }
+    const int n = std::max(lo, std::min(c.n_ctx_train, 256));
+    std::fprintf(stderr,
+                 "minfer: context of %d tokens, not the model's %d: its %s KV cache would take %.1f GiB, and half "
+                 "of the %s left is %.1f GiB (ask for n_ctx, or kv_type='q8_0')\n",
+                 n, c.n_ctx_train, type_traits(kv_type).name, double(context_kv_bytes(c, kv_type, c.n_ctx_train)) / (1 << 30),
+                 where.c_str(), double(room) / (1 << 30));
+    return n;
+}
+
+}  // namespace
+
+int default_context(const Model& model, uint32_t kv_type, const std::string& device) {
+    return fitting_context(model, kv_type, resolve_device(device, model.weights(), false));
+}
+
+Scheduler::Scheduler(std::shared_ptr<Model> model, SchedulerOptions opts) : model_(std::move(model)), opts_(std::move(opts)) {
+    const ModelConfig& c = model_->config();
+    if (opts_.n_ctx < 0) throw MinferError(strfmt("n_ctx must be positive, got %d", opts_.n_ctx));
+    if (opts_.kv_type != 0 && opts_.kv_type != 1 && opts_.kv_type != 8)
+        throw MinferError(strfmt("KV cache type %s is not supported (f32, f16, q8_0)", type_traits(opts_.kv_type).name));
+    if (opts_.n_threads < 0) throw MinferError(strfmt("threads must be positive, got %d", opts_.n_threads));
+    device_ = resolve_device(opts_.device, model_->weights(), true);
+    const bool use_metal = device_ == "metal", use_cuda = device_ == "cuda";
+    if (opts_.n_ctx == 0) opts_.n_ctx = fitting_context(*model_, opts_.kv_type, device_);
+    if (opts_.n_ctx > c.n_ctx_train)
+        throw MinferError(strfmt("n_ctx %d is larger than the model's context length %d", opts_.n_ctx, c.n_ctx_train));
+    const size_t kv_bytes = context_kv_bytes(c, opts_.kv_type, opts_.n_ctx);
+    const std::string kv_what =
+        strfmt("the KV cache (%s, %d tokens x %d layers)", type_traits(opts_.kv_type).name, opts_.n_ctx, c.n_layer);
     // Refuse a KV cache that cannot fit now, not when the OOM killer notices
     // (on the GPU, the CUDA backend checks weights + KV against free device memory).
-    // (the CPU and Metal keep local layers' caches as rings: step_params)
-    if (!use_cuda) check_fits(kv_ring_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
+    if (!use_cuda) check_fits(kv_bytes, kv_what, "ask for a smaller n_ctx, or kv_type='q8_0'");  // Metal: unified memory
     pool_ = std::make_shared<ThreadPool>(opts_.n_threads ? opts_.n_threads : physical_cores());
     kv_.type = opts_.kv_type;
     kv_.n_ctx = opts_.n_ctx;

@@ -34,7 +34,7 @@ class Model {
 };
 
 struct SchedulerOptions {
-    int n_ctx = 0;               // 0: the model's training context, capped at kDefaultCtxCap
+    int n_ctx = 0;               // 0: default_context
     int n_threads = 0;           // 0: physical cores
     uint32_t kv_type = 1;        // F16; F32 and Q8_0 selectable
     std::string isa;             // "" = default_isa()
@@ -42,8 +42,14 @@ struct SchedulerOptions {
     std::string device;          // "auto", "cpu", "cuda" or "metal"; "" = MINFER_DEVICE
     bool fuse = true;
     bool keep_all = false;       // debugging: keep every node's output readable
-    static constexpr int kDefaultCtxCap = 4096;
 };
+
+// The bytes of one sequence's KV cache of n_ctx positions (sliding-window layers keep rings).
+size_t context_kv_bytes(const ModelConfig& c, uint32_t kv_type, int n_ctx);
+// The context a session gets when it names none: the model's trained context, or the longest (in 256-token
+// steps) whose KV takes at most half of the memory left where it lives (said on stderr when shorter).  `device`
+// as SchedulerOptions::device.
+int default_context(const Model& model, uint32_t kv_type, const std::string& device);
 
 class Scheduler {
   public:

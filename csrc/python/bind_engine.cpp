@@ -49,11 +49,11 @@ void bind_engine(py::module_& m) {
             }();
             return d;
         })
-        .def_property_readonly("weight_bytes", [](const Model& mdl) {
-            size_t total = 0;
-            for (auto& [name, w] : mdl.weights().all()) total += w.nbytes;
-            return total;
-        });
+        .def_property_readonly("weight_bytes", [](const Model& mdl) { return mdl.weights().total_bytes(); })
+        .def("default_context", [](const Model& mdl, const std::string& kv_type, const std::string& device) {
+                 return default_context(mdl, kv_type_from(kv_type), device);
+             }, py::arg("kv_type") = "f16", py::arg("device") = "",
+             "The context a session of this model gets when it names none (see the README's KV paragraph).");
 
     py::class_<Plan>(m, "Plan")
         .def_property_readonly("nodes", [](const Plan& p) {

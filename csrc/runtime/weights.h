@@ -30,6 +30,11 @@ class WeightStore {
     bool has(const std::string& name) const { return weights_.count(name) != 0; }
     const Weight& get(const std::string& name) const;  // MinferError naming the tensor if missing
     const std::map<std::string, Weight>& all() const { return weights_; }
+    size_t total_bytes() const {
+        size_t n = 0;
+        for (const auto& [name, w] : weights_) n += w.nbytes;
+        return n;
+    }
     const GGUF& gguf() const { return *gguf_; }
 
   private:

@@ -64,7 +64,8 @@ class Engine:
         self._model = engine.Model(path)
         n_ctx = n_ctx or 0
         if kv_tokens is None:
-            per_seq = n_ctx or min(self._model.config["n_ctx_train"], 4096)
+            per_seq = n_ctx or self._model.default_context(kv_type, "" if backend == "auto" else backend)
+            n_ctx = per_seq
             kv_tokens = max(per_seq, min(max_sequences * per_seq, 1 << 16))
         window = self._model.config["sliding_window"]
         # every sequence's window (WindowPool: a block before it and the block being filled) and a step's rows

@@ -42,7 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", "-m", default=hub.DEFAULT_MODEL, help="GGUF path or model name (default: %(default)s)")
     ap.add_argument("-n", "--max-tokens", type=int, default=64, help="tokens to generate at most (default: 64)")
     ap.add_argument("--threads", "-t", type=int, default=0, help="default: physical cores")
-    ap.add_argument("--ctx", type=int, default=0, help="context size (default: the model's, capped at 4096)")
+    ap.add_argument("--ctx", type=int, default=0, help="context size (default: the model's trained context, "
+                                                       "or what fits in half the free memory)")
     ap.add_argument("--kv-type", default="f16", choices=["f16", "f32", "q8_0"])
     ap.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     ap.add_argument("--system", default=None, help="system message for --chat")

@@ -16,8 +16,8 @@ def main(argv=None) -> int:
     ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on every request")
     ap.add_argument("--max-sequences", type=int, default=16, help="sequences in one batch step")
     ap.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond which new ones get 429")
-    ap.add_argument("--ctx", type=int, default=None, help="context length a sequence (default: the model's, "
-                                                         "at most 4096)")
+    ap.add_argument("--ctx", type=int, default=None, help="context length of a sequence (default: the model's "
+                                                         "trained context, or what fits in half the free memory)")
     ap.add_argument("--kv-tokens", type=int, default=None, help="the KV pool's size in tokens")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--backend", default="auto", choices=["auto", "cpu", "cuda", "metal"])
