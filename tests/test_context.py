@@ -1,9 +1,9 @@
 """The context a session gets when it names none: the model's trained context, bounded by the memory its KV
 cache may take, whose pages are taken as positions fill them."""
+import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import numpy as np
 
@@ -14,10 +14,10 @@ KV_BYTES_PER_TOKEN = 2 * 2 * 2 * 64 * 2  # layers x (K, V) x KV heads x head dim
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
-    tests = Path(__file__).resolve().parent
-    env_path = f"{tests.parent / 'python'}:{tests}"
+    """`code` in a fresh interpreter that imports minfer from where this one did (a checkout or an install)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), MINFER_DEVICE="cpu")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=300,
-                          env={"PYTHONPATH": env_path, "MINFER_DEVICE": "cpu", "PATH": "/usr/bin:/bin"})
+                          env=env)
 
 
 def test_default_context_is_the_trained_one(tmp_path):
