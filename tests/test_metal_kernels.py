@@ -304,6 +304,60 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
         assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("n_ctx", [16384, 32768])
+def test_attention_at_long_context(k, rng, n_ctx):
+    """The kernels a long context takes, over a full f16 cache (4 query heads over 2 KV heads, head_dim 128):
+    decode at the last position by the one-row kernel and by the splits (one per 512 positions, as the
+    backend dispatches: 32 or 64) and their combine, and 16 prefill rows at the end on simdgroup matrices
+    (two tiles of 8 rows walking every key tile).  Keys are scaled so each row's weight sits on a few
+    positions: a chunk or split skipped anywhere moves the output far past the bound."""
+    n_head, n_head_kv, head_dim = 4, 2, 128
+    dim, g = n_head_kv * head_dim, n_head // n_head_kv
+    K = (rng.standard_normal((n_ctx, dim)) * 4).astype(np.float16)
+    V = rng.standard_normal((n_ctx, dim)).astype(np.float16)
+    Kd, Vd = K.astype(np.float64), V.astype(np.float64)
+    scale = 1 / np.sqrt(head_dim)
+
+    def reference(q, pos):
+        ref = np.zeros((len(pos), n_head * head_dim))
+        for h in range(n_head):
+            cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
+            for r, p in enumerate(pos):
+                sc = Kd[:p + 1, cs] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) * scale
+                w = np.exp(sc - sc.max())
+                ref[r, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ Vd[:p + 1, cs]
+        return ref
+
+    def args(S, rows):
+        return pack("IIIIIIIfIIII", n_head, n_head_kv, head_dim, n_ctx, n_head * head_dim, n_head * head_dim, 1, scale,
+                    S, rows, 0, 0)
+
+    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+    pos = np.array([n_ctx - 1], np.int32)
+    ref = reference(q, pos)
+    one = np.full((1, n_head * head_dim), np.nan, np.float32)
+    k.dispatch("attention", {0: args(1, 1), 1: q, 2: pos, 3: K, 4: V, 5: one}, grid=(n_head, 1, 1), tg=(128, 1, 1),
+               tg_bytes={0: 128 * 4, 1: 4 * 4})
+    assert np.abs(one - ref).max() <= 1e-5 * np.abs(ref).max()
+    S = n_ctx // 512
+    partial = np.full(n_head * S * (head_dim + 2), np.nan, np.float32)
+    split = np.full_like(one, np.nan)
+    k.dispatch("attention_split", {0: args(S, 1), 1: q, 2: pos, 3: K, 4: V, 5: partial}, grid=(n_head, 1, S),
+               tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
+    k.dispatch("attention_combine", {0: args(S, 1), 1: partial, 2: split}, grid=(n_head, 1, 1), tg=(64, 1, 1))
+    assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
+
+    rows = 16
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    pos = np.arange(n_ctx - rows, n_ctx, dtype=np.int32)
+    out = np.full((rows, n_head * head_dim), np.nan, np.float32)
+    k.dispatch("attention_prefill", {0: args(1, rows), 1: q, 2: pos, 3: K, 4: V, 5: out}, grid=(n_head, 2, 1),
+               tg=(128, 1, 1), tg_bytes={0: 8 * head_dim * 4, 1: 16 * head_dim * 4, 2: 16 * head_dim * 4,
+                                         3: 8 * 16 * 4, 4: 8 * head_dim * 4, 5: 3 * 8 * 4})
+    ref = reference(q, pos)
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+
+
 @pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
 def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, rope_dim):
