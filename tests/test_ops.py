@@ -195,6 +195,36 @@ def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, n):
                 assert np.allclose(cpu[r, h * head_dim:(h + 1) * head_dim], p @ V[: pos[r, 0] + 1, kh], atol=1e-5)
 
 
+@pytest.mark.parametrize("n_ctx", [16384, 32768])
+def test_attention_at_long_context(q15, rng, n_ctx):
+    """A full f16 cache of 16k or 32k positions (12 query heads over 2 KV heads of 128): one decode row at
+    the end, 16 prefill rows before it and 8 rows at random positions, against float64 over the stored
+    (f16-rounded) rows.  Keys are scaled so each row's weight sits on a few positions: a 32-position chunk
+    skipped anywhere moves some row far past the bound."""
+    m, s = q15
+    n_head, n_head_kv, head_dim = 12, 2, 128
+    dim, g = n_head_kv * head_dim, n_head // n_head_kv
+    k = (rng.standard_normal((n_ctx, dim)) * 4).astype(np.float32)
+    v = rng.standard_normal((n_ctx, dim)).astype(np.float32)
+    pos = np.concatenate([np.sort(rng.choice(n_ctx - 17, 8, replace=False)), np.arange(n_ctx - 17, n_ctx)])
+    q = rng.standard_normal((len(pos), n_head * head_dim)).astype(np.float32)
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=n_ctx, cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 5], rows=len(pos), cols=n_head * head_dim, meta=meta)]
+    all_pos = np.arange(n_ctx, dtype=np.int32).reshape(-1, 1)
+    out = s.run_ops("cpu", [q, k, v, all_pos, pos.astype(np.int32).reshape(-1, 1)], nodes)[-1]
+    kd, vd = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+    ref = np.zeros_like(out, dtype=np.float64)
+    for h in range(n_head):
+        cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
+        sc = q[:, h * head_dim:(h + 1) * head_dim].astype(np.float64) @ kd[:, cs].T / np.sqrt(head_dim)
+        sc = np.where(np.arange(n_ctx)[None, :] <= pos[:, None], sc, -np.inf)
+        w = np.exp(sc - sc.max(1, keepdims=True))
+        ref[:, h * head_dim:(h + 1) * head_dim] = (w / w.sum(1, keepdims=True)) @ vd[:, cs]
+    close(out, ref, 1e-5)
+
+
 @pytest.mark.parametrize("n", [1, 20], ids=["decode", "prefill"])
 def test_attention_does_not_depend_on_how_tasks_are_cut(q15, rng, n):
     """With fewer (kv head, row block) tasks than threads, a task takes part of a KV head's query heads
