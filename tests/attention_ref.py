@@ -1,0 +1,17 @@
+"""Causal GQA attention in float64: the reference the long-context kernel tests compare against."""
+import numpy as np
+
+
+def causal_attention_f64(q, k, v, pos, n_head, n_head_kv, head_dim):
+    """Row r of q (n_head heads of head_dim) attends to keys 0..pos[r] of k and v (float64 arrays of the values
+    the cache holds, n_head_kv heads); query head h reads KV head h // (n_head // n_head_kv)."""
+    g = n_head // n_head_kv
+    visible = np.arange(len(k))[None, :] <= np.asarray(pos)[:, None]
+    out = np.zeros((len(q), n_head * head_dim))
+    for h in range(n_head):
+        cs = slice((h // g) * head_dim, (h // g + 1) * head_dim)
+        sc = q[:, h * head_dim:(h + 1) * head_dim].astype(np.float64) @ k[:, cs].T / np.sqrt(head_dim)
+        sc = np.where(visible, sc, -np.inf)
+        w = np.exp(sc - sc.max(1, keepdims=True))
+        out[:, h * head_dim:(h + 1) * head_dim] = (w / w.sum(1, keepdims=True)) @ v[:, cs]
+    return out
