@@ -93,19 +93,16 @@ int fitting_context(const Model& model, uint32_t kv_type, const std::string& dev
         const MemoryBudget b = memory_budget();
         if (b.bytes != SIZE_MAX) room = b.bytes / 2, where = b.source;
     }
-    if (context_kv_bytes(c, kv_type, c.n_ctx_train) <= room) return c.n_ctx_train;
-    int lo = 0, hi = c.n_ctx_train;  // the longest context, in whole 256-token steps, whose KV fits the room
-    while (hi - lo > 256) {
-        const int mid = (lo + hi) / 2 / 256 * 256;
-        if (mid <= lo) break;
-        (context_kv_bytes(c, kv_type, mid) <= room ? lo : hi) = mid;
-    }
-    const int n = std::max(lo, std::min(c.n_ctx_train, 256));
+    const size_t full = context_kv_bytes(c, kv_type, c.n_ctx_train);
+    if (full <= room) return c.n_ctx_train;
+    int n = c.n_ctx_train / 256 * 256;  // the longest context in whole 256-token steps whose KV fits the room
+    while (n > 256 && context_kv_bytes(c, kv_type, n) > room) n -= 256;
+    n = std::max(n, std::min(c.n_ctx_train, 256));
     std::fprintf(stderr,
                  "minfer: context of %d tokens, not the model's %d: its %s KV cache would take %.1f GiB, and half "
                  "of the %s left is %.1f GiB (ask for n_ctx, or kv_type='q8_0')\n",
-                 n, c.n_ctx_train, type_traits(kv_type).name, double(context_kv_bytes(c, kv_type, c.n_ctx_train)) / (1 << 30),
-                 where.c_str(), double(room) / (1 << 30));
+                 n, c.n_ctx_train, type_traits(kv_type).name, double(full) / (1 << 30), where.c_str(),
+                 double(room) / (1 << 30));
     return n;
 }
 

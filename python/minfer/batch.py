@@ -63,15 +63,16 @@ class Engine:
         self.tokenizer = tokenizer
         self._model = engine.Model(path)
         n_ctx = n_ctx or 0
+        device = "" if backend == "auto" else backend
         if kv_tokens is None:
-            per_seq = n_ctx or self._model.default_context(kv_type, "" if backend == "auto" else backend)
+            per_seq = n_ctx or self._model.default_context(kv_type, device)
             n_ctx = per_seq
             kv_tokens = max(per_seq, min(max_sequences * per_seq, 1 << 16))
         window = self._model.config["sliding_window"]
         # every sequence's window (WindowPool: a block before it and the block being filled) and a step's rows
         window_tokens = (max_sequences * (-(-window // block_size) + 4) + -(-step_tokens // block_size)) * block_size
         self._runner = _minfer.BatchRunner(self._model, n_ctx=n_ctx, threads=threads or 0, kv_type=kv_type,
-                                           device="" if backend == "auto" else backend, kv_tokens=kv_tokens,
+                                           device=device, kv_tokens=kv_tokens,
                                            block_size=block_size,
                                            local_tokens=window_tokens if window and window_tokens < kv_tokens else 0)
         self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
