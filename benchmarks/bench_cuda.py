@@ -1,6 +1,7 @@
 """CUDA end-to-end speed on the layouts of real models (issue 6).
 
     MINFER_SHARED=... python benchmarks/bench_cuda.py [--models 0.5b,1.5b,7b] [--llama-bench PATH] [--json out.json]
+    ... bench_cuda.py --long --models 1.5b,7b --llama-bench PATH    # 16k and 32k contexts
 
 Models: full-size files with the exact layouts of qwen2.5-coder-0.5b / -1.5b and
 a 7B qwen2 (Q4_K_M mixes) and random weights, made from the headers in
@@ -126,6 +127,53 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
     out[name] = r
 
 
+def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
+    """Prefill of 16,384- and 32,768-token prompts and 64 greedy decode steps after contexts that long, beside
+    llama-bench `-p 16384,32768 -n 0` and `-p 0 -n 64 -d 16384,32768` on the same file.  A model trained on
+    32,768 tokens decodes after 32,704 (its context holds no more); llama.cpp runs past it."""
+    import subprocess
+
+    import minfer._minfer as M
+    from conftest import layout_model
+
+    path = str(layout_model(LAYOUTS[name], q8_0=name.endswith("-q8")))
+    model = M.Model(path)
+    n_ctx = min(model.config["n_ctx_train"], 32768 + 64)
+    s = M.Session(model, n_ctx=n_ctx, device="cuda")
+    rng = np.random.default_rng(0)
+    V = model.config["n_vocab"]
+    r = {}
+    for n in (16384, 32768):
+        prompt = rng.integers(0, V, n).astype(np.int32)
+        ts = []
+        for rep in range(reps + 1):  # the first is the warm-up
+            t = time.perf_counter()
+            s.eval(prompt, 0)
+            ts.append(time.perf_counter() - t)
+        r[f"pp{n}"] = n / statistics.median(ts[1:])
+        depth = min(n, n_ctx - 64)
+        ts = []
+        for rep in range(reps + 1):
+            t = time.perf_counter()
+            s.decode_greedy(1, depth, 64)
+            ts.append(time.perf_counter() - t)
+        r[f"tg@{n}"] = 64 / statistics.median(ts[1:])
+        r[f"gbps@{n}"] = decode_bytes(model, path, depth + 32) * r[f"tg@{n}"] / 1e9
+    if binary:
+        def run(*args):
+            out = subprocess.run([binary, "-m", path, "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json", *args],
+                                 capture_output=True, text=True, check=True)
+            return [x["avg_ts"] for x in json.loads(out.stdout)]
+        pp, tg = run("-p", "16384,32768", "-n", "0"), run("-p", "0", "-n", "64", "-d", "16384,32768")
+        r["llama"] = {"pp16384": pp[0], "pp32768": pp[1], "tg@16384": tg[0], "tg@32768": tg[1]}
+    l = r.get("llama", {})
+    print(f"{name} long context: " + "  ".join(
+        f"{k} {r[k]:.0f} tok/s" + (f" ({r[k] / l[k]:.2f}x llama.cpp)" if k in l else "") +
+        (f", {r['gbps@' + k[3:]]:.0f} GB/s = {100 * r['gbps@' + k[3:]] / copy_gbps:.0f}% of copy" if k.startswith("tg") else "")
+        for k in ("pp16384", "pp32768", "tg@16384", "tg@32768")))
+    return r
+
+
 def kernels() -> None:
     """Kernel-level rates at the 7B layout's largest shapes (ffn_down-like 3584 x 18944, ffn_up-like
     18944 x 3584), the 1.5B ffn_up shape (8960 x 1536) and a vocabulary-sized output."""
@@ -178,6 +226,7 @@ def main() -> None:
     ap.add_argument("--profile", default="", help="per-op profile of one layout (e.g. 1.5b)")
     ap.add_argument("--decode-only", action="store_true", help="only tg@512 and tg@4096 (A/B runs)")
     ap.add_argument("--llama-bench", default="", help="llama.cpp's llama-bench, run on the same files for the ratios")
+    ap.add_argument("--long", action="store_true", help="16k and 32k prefill and decode (long_context) instead")
     a = ap.parse_args()
     import minfer._minfer as M
 
@@ -190,6 +239,11 @@ def main() -> None:
         profile(a.profile)
     copy = M.cuda_copy_bandwidth(1 << 31, 20)
     out = {"device": info["name"], "copy_gbps": copy / 1e9}
+    if a.long:
+        out.update({name: long_context(name, a.reps, a.llama_bench, copy / 1e9) for name in a.models.split(",")})
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        return
     llama = {}
     for name in a.models.split(","):
         bench(name, a.reps, out, a.decode_only)

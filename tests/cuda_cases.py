@@ -17,6 +17,7 @@ TYPES = {
     "q4_0": (2, 32, 18, [0], 5e-3), "q4_1": (3, 32, 20, [0, 2], 3e-3), "q5_0": (6, 32, 22, [0], 2.5e-3),
     "q5_1": (7, 32, 24, [0, 2], 1.5e-3), "q8_0": (8, 32, 34, [0], 3e-4), "q4_k": (12, 256, 144, [0, 2], 1e-3),
     "q5_k": (13, 256, 176, [0, 2], 5e-4), "q6_k": (14, 256, 210, [208], 2e-4),
+    "iq4_nl": (20, 32, 18, [0], 2e-4), "iq4_xs": (23, 256, 136, [0], 1e-5), "bf16": (30, 1, 2, [], 0),
 }
 
 
@@ -27,6 +28,9 @@ def random_weight(name, n, k, rng):
         return t, (rng.standard_normal((n, k)) * 0.02).astype(np.float32).view(np.uint8)
     if name == "f16":
         return t, (rng.standard_normal((n, k)) * 0.02).astype(np.float16).view(np.uint8)
+    if name == "bf16":
+        bits = (rng.standard_normal((n, k)) * 0.02).astype(np.float32).view(np.uint32) >> 16
+        return t, bits.astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, size=(n, k // bv, bb), dtype=np.uint8)
     for off in f16s:
         s = (rng.uniform(0.5, 1.5, size=(n, k // bv)) * scale).astype(np.float16)

@@ -18,9 +18,11 @@ LAYOUT = "gemma-3-270m-q4_k_m"
 
 
 @pytest.fixture(scope="module")
-def gemma_model():
+def gemma():
+    """gemma-3-270m's layout and a CUDA session over it."""
     require_cuda()
-    return M.Model(str(layout_model(LAYOUT)))
+    m = M.Model(str(layout_model(LAYOUT)))
+    return m, M.Session(m, threads=4, device="cuda")
 
 
 @pytest.mark.parametrize("window", [512, 100])

@@ -24,7 +24,8 @@ Q8_DECODE = {"q4_0", "q5_0", "q8_0", "q4_k", "q6_k"}  # types with the 8-bit-act
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 33, 64, 77, 512])  # 5-64: gemm_q, beyond: dequantize then GEMM
 @pytest.mark.parametrize("wtype,n,k", [
     ("q4_k", 1536, 8960), ("q6_k", 8960, 1536), ("q5_k", 896, 4864), ("q5_0", 4864, 896), ("q8_0", 896, 4864),
-    ("q4_0", 3584, 3584), ("q4_1", 1536, 576), ("q5_1", 576, 1536), ("f16", 896, 896), ("f32", 256, 1536)])
+    ("q4_0", 3584, 3584), ("q4_1", 1536, 576), ("q5_1", 576, 1536), ("f16", 896, 896), ("f32", 256, 1536),
+    ("iq4_nl", 1536, 8960), ("iq4_xs", 896, 4864), ("iq4_xs", 256, 1536), ("bf16", 576, 1536)])
 def test_matmul_against_float64(rng, wtype, n, k, rows, path):
     if (path == "gemm") != (rows > 4) or (path == "q8" and wtype not in Q8_DECODE):
         pytest.skip(f"no {path} path for {rows} rows of {wtype}")

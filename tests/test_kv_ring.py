@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import minfer
+from conftest import require_cuda
 from tiny_models import gemma3_forward_f64, llama_f32
 
 M = minfer._minfer
@@ -31,8 +32,8 @@ def prompt(n, seed=5):
     return np.array([1] + list(rng.integers(3, 512, n - 1)), np.int32)
 
 
-def session(path, n_ctx=2048):
-    return M.Session(M.Model(str(path)), n_ctx=n_ctx, threads=2, device="cpu")
+def session(path, n_ctx=2048, device="cpu"):
+    return M.Session(M.Model(str(path)), n_ctx=n_ctx, threads=2, device=device)
 
 
 def test_rings_take_their_window_plus_a_step(gemma, tmp_path):
@@ -55,6 +56,22 @@ def test_long_prompt_matches_float64(gemma):
     (a missing window: max 3)."""
     ids = prompt(1300)
     ours = session(gemma).eval(ids, 0, True)
+    ref = gemma3_forward_f64(str(gemma), ids)
+    assert np.abs(ours - ref).max() <= 0.15 and np.abs(ours - ref).mean() <= 0.025
+    assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.9
+
+
+@pytest.mark.gpu
+def test_cuda_rings_match_float64(gemma):
+    """The CUDA kernels on rings: a prompt cut into steps (the prefill kernels write and read wrapped rows),
+    then 20 single-row decode steps (the split decode kernel, whose splits cross the ring's seam), against
+    the float64 forward over all 1320 positions; the bound as on the CPU."""
+    require_cuda()
+    ids = prompt(1320, seed=8)
+    s = session(gemma, device="cuda")
+    pieces = [(0, 100), (100, 550), (550, 1300)] + [(i, i + 1) for i in range(1300, 1320)]
+    ours = np.concatenate([s.eval(ids[i:j], i, True) for i, j in pieces])
+    assert s.kv_bytes == 2 * KV_ROW * (5 * RING + 1 * 2048) and s.rewind_floor == 1320 - STEP
     ref = gemma3_forward_f64(str(gemma), ids)
     assert np.abs(ours - ref).max() <= 0.15 and np.abs(ours - ref).mean() <= 0.025
     assert (ours.argmax(1) == ref.argmax(1)).mean() >= 0.9

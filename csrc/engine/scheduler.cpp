@@ -182,7 +182,6 @@ GraphParams Scheduler::step_params(int n_tokens, bool all_logits) const {
     p.kv_type = opts_.kv_type;
     p.n_ctx = opts_.n_ctx;
     p.assignment = opts_.assignment;
-    p.kv_ring = device_ != "cuda";  // CUDA has no kernels for a ring yet: its local layers keep every position
     return p;
 }
 

@@ -32,7 +32,6 @@ std::unique_ptr<Plan> Session::plan_for(Graph graph, KvCache& kv) { return sched
 
 bool Session::rings() const {
     const ModelConfig& c = model().config();
-    if (!sched_.step_params(1, false).kv_ring) return false;
     for (int l = 0; l < c.n_layer; l++)
         if (c.kv_ring(l, n_ctx()) > 0) return true;
     return false;

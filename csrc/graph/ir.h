@@ -113,15 +113,12 @@ struct GraphParams {
     uint32_t gpu_mask = 0;         // which GPU backends participate (bit per backend kind)
     std::string assignment;        // "" (priority order) or a forced pattern, e.g. "alternate:3"
     int n_seqs = 0;                // a batch step of n_seqs sequences over a paged KV pool (0: one sequence)
-    bool kv_ring = false;          // local layers' caches are rings (ModelConfig::kv_ring); the backends that
-                                   // would hold them must support it (the CPU and the reference do)
     int block_size = 0, max_blocks = 0;  // batch: tokens per KV block, blocks per sequence's table
     int n_ctx_local = 0;  // batch: rows of the sliding-window layers' own pool (0: every layer uses the one pool)
     bool operator==(const GraphParams& o) const {
         return n_tokens == o.n_tokens && all_logits == o.all_logits && fuse == o.fuse && kv_type == o.kv_type &&
                n_ctx == o.n_ctx && gpu_mask == o.gpu_mask && assignment == o.assignment && n_seqs == o.n_seqs &&
-               block_size == o.block_size && max_blocks == o.max_blocks && kv_ring == o.kv_ring &&
-               n_ctx_local == o.n_ctx_local;
+               block_size == o.block_size && max_blocks == o.max_blocks && n_ctx_local == o.n_ctx_local;
     }
 };
 

@@ -139,7 +139,7 @@ Graph build_decoder_graph(const ModelConfig& c, const GraphParams& params) {
         ma.attn_scale = c.attn_scale > 0.0f ? c.attn_scale : float(1.0 / std::sqrt(double(c.head_dim)));
         ma.window = c.is_local(l) ? c.swa_window : 0;
         if (batch) ma.block_size = params.block_size;  // KvStore and Attn over the paged pool
-        else if (params.kv_ring) ma.kv_ring = c.kv_ring(l, params.n_ctx);
+        else ma.kv_ring = c.kv_ring(l, params.n_ctx);  // one sequence: a local layer's ring
         int st = b.node(Op::KvStore, {full(k), full(v), full(own_pool ? local_slots : slots)}, n, 1, ma, L + "kv_store");
         std::vector<NodeInput> attn_in = {full(q), full(pos), full(st)};
         if (batch) {

@@ -11,17 +11,13 @@
 // is cluster_merge_splits).  Prefill rows use one block each (there are rows x
 // heads blocks already).
 //
-// Prefill over an f16 cache (the default) runs on the tensor cores instead:
-// a block takes 64 query rows of one head and walks the visible positions in
-// tiles of 64 -- S = Q K^T (WMMA, f16 in, f32 out), masked online softmax per
-// row in f32, O += P V (P rounded to f16) with O kept in shared memory so it
-// can be rescaled row by row.
+// Prefill over an f16 cache (the default) runs on the tensor cores instead
+// (attention_prefill.cuh): 64 query rows of one head a block, scores,
+// probabilities and output in registers, keys in tiles of 64.
 //
 // Positions are read on the device, never from the host: the same launch
 // serves every step.  Reference: the reference backend's attention; tests/test_cuda.py
 // (test_kvstore_attention, test_decode_attention_*).
-#include <mma.h>
-
 #include "backends/cuda/common.cuh"
 #include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
@@ -101,6 +97,43 @@ int cluster_merge_splits(const AttnShape& a, int S) {
     return S <= kClusterSplits || int64_t(a.n_head) * C >= sms ? C : 0;
 }
 
+// How many query heads of one KV head a decode block of the split grid attends (attention_decode_f16's group): all of
+// them where the grid still has two blocks an SM (rows x KV heads x splits), else one.  Grouped, a sequence's
+// K and V rows are read once a KV head instead of once a query head.  The kernel choice cuda.attention_group
+// forces one (tests compare them).
+int paged_head_group(const AttnShape& a, int S) {
+    const int G = a.n_head / a.n_head_kv;
+    const std::string v = forced_kernel("cuda.attention_group");
+    if (v == "1") return 1;
+    if (v == "all") return G;
+    return int64_t(a.rows) * a.n_head_kv * S >= 2 * int64_t(sm_count()) ? G : 1;
+}
+
+// Prefill's query rows a block: 16 a warp, 4 or 8 warps.  A block reads its keys' K and V tiles once for all
+// its rows, so 128 rows halve what long contexts move from L2; short prompts keep 64 for more blocks.  The
+// kernel choice cuda.prefill_rows forces one (tests compare them).
+static int prefill_warps(const AttnShape& a) {
+    const std::string v = forced_kernel("cuda.prefill_rows");
+    if (!v.empty()) return v == "64" ? 4 : 8;
+    return int64_t(a.n_head) * ((a.rows + 127) / 128) >= 2 * int64_t(sm_count()) ? 8 : 4;
+}
+
+template <int HD, int WARPS>
+static void launch_prefill(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
+                    float* out, int64_t ldo, uint32_t* err, cudaStream_t s) {
+    using L = FlashSmem<HD, WARPS>;
+    static bool raised = false;  // the opt-in above 48 KB of shared memory, once per process and kernel
+    if (!raised) {
+        const cudaError_t e = cudaFuncSetAttribute(attention_prefill_tc<HD, WARPS>,
+                                                   cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
+        if (e != cudaSuccess) throw MinferError(strfmt("CUDA attention: %s", cudaGetErrorString(e)));
+        raised = true;
+    }
+    attention_prefill_tc<HD, WARPS><<<dim3(unsigned(a.n_head), unsigned((a.rows + L::rows - 1) / L::rows)), WARPS * 32,
+                                      L::bytes, s>>>(a, q, ldq, pos, (const __half*)K, (const __half*)V, out, ldo, err);
+    check_launch("attention_prefill_tc");
+}
+
 bool attention_uses_tensor_cores(const AttnShape& a) {
     return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
 }
@@ -121,17 +154,15 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         throw MinferError(strfmt("CUDA attention: 8-bit output needs head_dim %% 32 == 0, got %d", a.head_dim));
     check_heads(a);
     if (attention_uses_tensor_cores(a)) {
-        const TcLayout L(a.head_dim);
-        static bool raised = false;  // the opt-in above 48 KB of shared memory, once per process
-        if (!raised) {
-            cudaError_t e = cudaFuncSetAttribute(attention_prefill_tc, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 int(TcLayout(128).bytes));
-            if (e != cudaSuccess) throw MinferError(strfmt("CUDA attention: %s", cudaGetErrorString(e)));
-            raised = true;
+        const int warps = prefill_warps(a);
+        if (a.head_dim == 64) {
+            if (warps == 4) launch_prefill<64, 4>(a, q, ldq, pos, K, V, out, ldo, err, s);
+            else launch_prefill<64, 8>(a, q, ldq, pos, K, V, out, ldo, err, s);
+        } else {
+            if (warps == 4) launch_prefill<128, 4>(a, q, ldq, pos, K, V, out, ldo, err, s);
+            else launch_prefill<128, 8>(a, q, ldq, pos, K, V, out, ldo, err, s);
         }
-        attention_prefill_tc<<<dim3(unsigned(a.n_head), unsigned((a.rows + TQ - 1) / TQ)), kTcThreads, L.bytes, s>>>(
-            a, q, ldq, pos, (const __half*)K, (const __half*)V, out, ldo, err);
-        return check_launch("attention_prefill_tc");
+        return;
     }
     const int S = attention_splits(a);
     check_splits(a, S);
@@ -143,10 +174,12 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
                            (const __half*)V, out, err, q8);
         return;
     }
-    if (fast && decode_f16_kernel_on()) {
-        launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
-               dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
-               (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), 1);
+    if (fast && decode_f16_kernel_on()) {  // a block per query head, or per KV head (paged_head_group's rule)
+        const int group = S > 1 ? paged_head_group(a, S) : 1;
+        auto kernel = group > 1 ? (a.head_dim == 64 ? attention_decode_f16<64, true> : attention_decode_f16<128, true>)
+                                : (a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>);
+        launch("attention_decode", kernel, dim3(unsigned(a.n_head / group), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q,
+               pos, (const __half*)K, (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), group);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
@@ -154,18 +187,6 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
                size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
-}
-
-// How many query heads of one KV head a paged decode block attends (attention_decode_f16's group): all of
-// them where the grid still has two blocks an SM (rows x KV heads x splits), else one.  Grouped, a sequence's
-// K and V rows are read once a KV head instead of once a query head.  The kernel choice cuda.attention_group
-// forces one (tests compare them).
-int paged_head_group(const AttnShape& a, int S) {
-    const int G = a.n_head / a.n_head_kv;
-    const std::string v = forced_kernel("cuda.attention_group");
-    if (v == "1") return 1;
-    if (v == "all") return G;
-    return int64_t(a.rows) * a.n_head_kv * S >= 2 * int64_t(sm_count()) ? G : 1;
 }
 
 size_t attention_paged_scratch_floats(const AttnShape& a) {

@@ -1,151 +1,220 @@
-// Prefill attention on the tensor cores (f16 cache, head_dim 64 or 128): a block takes 64 query rows of one
-// head and walks the visible positions in tiles of 64 with an online softmax.  Reference: tests/test_cuda.py
-// (test_kvstore_attention against the reference backend, with the f16 bound).
+// Prefill attention on the tensor cores (f16 cache, head_dim 64 or 128), flash-attention style with every
+// intermediate in registers: a block of WARPS warps takes 16 query rows of one head a warp and walks the
+// visible keys in tiles of 64, loaded by cp.async one tile ahead.  A warp computes its 16 x 64 scores with
+// mma.sync m16n8k16 (f16 in, f32 out), masks and exponentiates them in f32 with a running max and sum, turns
+// the accumulators into the f16 A operand of O += P V in place, and rescales its O accumulators row by row.
+// Key tiles past a warp's last row are skipped; only tiles that cross a row's position are masked.
+// Reference: tests/test_cuda.py (test_kvstore_attention, test_long_prefill_attention: the float64 forward).
 #pragma once
-// Included once, by attention.cu, inside its anonymous namespace (one translation unit: the constants and
-// helpers there, and the same code as when it was one file).
+// Included once, by attention.cu, inside its anonymous namespace.
 
-using namespace nvcuda;
-constexpr int TQ = 64, TK = 64, kTcThreads = 128;
+constexpr int TK = 64;
 
-struct TcLayout {  // shared-memory carve-up for head_dim hd (rows padded against bank conflicts)
-    int ldh, lds, ldp, ldo;
-    size_t q, k, v, s, p, o, stats, bytes;
-    __host__ __device__ explicit TcLayout(int hd) {
-        ldh = hd + 8, lds = TK + 4, ldp = TK + 8, ldo = hd + 4;
-        auto up = [](size_t x) { return (x + 127) / 128 * 128; };
-        q = 0;
-        k = up(q + size_t(TQ) * ldh * 2);
-        v = up(k + size_t(TK) * ldh * 2);
-        s = up(v + size_t(TK) * ldh * 2);
-        p = up(s + size_t(TQ) * lds * 4);
-        o = up(p + size_t(TQ) * ldp * 2);
-        stats = up(o + size_t(TQ) * ldo * 4);
-        bytes = stats + 3 * TQ * 4 + 32 * 4;
-    }
+template <int HD, int WARPS>
+struct FlashSmem {  // rows padded by 16 bytes: ldmatrix's 8 rows of a matrix then hit distinct banks
+    static constexpr int ld = HD + 8, rows = 16 * WARPS;
+    static constexpr size_t q = 0, k = size_t(rows) * ld * 2, v = k + 2 * size_t(TK) * ld * 2,
+                            bytes = v + 2 * size_t(TK) * ld * 2;
 };
 
-__global__ void __launch_bounds__(kTcThreads) attention_prefill_tc(AttnShape a, const float* __restrict__ q, int64_t ldq,
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void mma_f16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t*)&h;
+}
+
+template <int HD, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32) attention_prefill_tc(AttnShape a, const float* __restrict__ q, int64_t ldq,
                                                                     const int32_t* __restrict__ pos,
                                                                     const __half* __restrict__ K,
                                                                     const __half* __restrict__ V,
                                                                     float* __restrict__ out, int64_t ldo_g, uint32_t* err) {
+    using L = FlashSmem<HD, WARPS>;
+    constexpr int TQ = L::rows, kTcThreads = WARPS * 32;
     extern __shared__ __align__(128) uint8_t smem[];
-    const int hd = a.head_dim;
-    const TcLayout L(hd);
-    __half* Qs = (__half*)(smem + L.q);
-    __half* Ks = (__half*)(smem + L.k);
-    __half* Vs = (__half*)(smem + L.v);
-    float* Ss = (float*)(smem + L.s);
-    __half* Ps = (__half*)(smem + L.p);
-    float* Os = (float*)(smem + L.o);
-    float* m_row = (float*)(smem + L.stats);
-    float* l_row = m_row + TQ;
-    int* p_row = (int*)(l_row + TQ);
-    float* scratch = (float*)(p_row + TQ);
-    const int h = blockIdx.x, r0 = blockIdx.y * TQ;
-    const int dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __half* Qs = (__half*)(smem + L::q);
+    __half* Ks = (__half*)(smem + L::k);
+    __half* Vs = (__half*)(smem + L::v);
+    __shared__ int tile_last;
+    const int h = blockIdx.x, r0 = (gridDim.y - 1 - blockIdx.y) * TQ;  // the longest tiles start first
+    const int dim = a.n_head_kv * HD, col0 = (h / (a.n_head / a.n_head_kv)) * HD;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 
-    // Rows of this tile: position (-1 past the last row), Q as f16, O = 0.
-    float last = -1.0f;
-    for (int i = threadIdx.x; i < TQ; i += kTcThreads) {
-        int p = r0 + i < a.rows ? pos[r0 + i] : -1;
-        if (p >= a.n_ctx || (r0 + i < a.rows && p < 0)) {
+    // This thread's two rows (g and g + 8 of the warp's 16): positions, -1 where there is no row.
+    int p_row[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = r0 + warp * 16 + g + 8 * i;
+        int p = r < a.rows ? pos[r] : -1;
+        if (r < a.rows && (p < 0 || p >= a.n_ctx)) {
             atomicOr(err, kBadPosition);
             p = -1;
         }
         p_row[i] = p;
-        m_row[i] = -INFINITY;
-        l_row[i] = 0.0f;
-        last = fmaxf(last, float(p));
     }
-    for (int e = threadIdx.x; e < TQ * hd; e += kTcThreads) {
-        const int i = e / hd, d = e % hd;
-        const float v = r0 + i < a.rows ? q[int64_t(r0 + i) * ldq + int64_t(h) * hd + d] : 0.0f;
-        Qs[i * L.ldh + d] = __float2half_rn(v);
-        Os[i * L.ldo + d] = 0.0f;
+    int w_first = min(p_row[0], p_row[1]), w_last = max(p_row[0], p_row[1]);  // a missing row (-1) masks all
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        w_first = min(w_first, __shfl_xor_sync(0xffffffffu, w_first, o));
+        w_last = max(w_last, __shfl_xor_sync(0xffffffffu, w_last, o));
     }
-    const int j_end = int(block_max(last, scratch)) + 1;  // barriers inside also publish the stores above
+    if (threadIdx.x == 0) tile_last = -1;
+    for (int e = threadIdx.x; e < TQ * HD / 2; e += kTcThreads) {  // Q as f16, a pair a step
+        const int i = e / (HD / 2), d = (e % (HD / 2)) * 2;
+        const float* src = q + int64_t(r0 + i) * ldq + int64_t(h) * HD + d;
+        *(uint32_t*)(Qs + i * L::ld + d) = r0 + i < a.rows ? pack_f16(src[0], src[1]) : 0u;
+    }
+    __syncthreads();
+    if (lane == 0) atomicMax(&tile_last, w_last);
+    __syncthreads();
+    const int n_tiles = (tile_last + TK) / TK;  // 0 when no row of the tile is valid
 
-    for (int j0 = 0; j0 < j_end; j0 += TK) {
-        // K and V tiles: 8 halves per load; cells past the cache end are zeros (and masked).
-        for (int e = threadIdx.x; e < TK * hd / 8; e += kTcThreads) {
-            const int j = e / (hd / 8), d = (e % (hd / 8)) * 8;
-            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
-            if (j0 + j < a.n_ctx) {
-                kv = *(const uint4*)(K + int64_t(j0 + j) * dim + col0 + d);
-                vv = *(const uint4*)(V + int64_t(j0 + j) * dim + col0 + d);
-            }
-            *(uint4*)(Ks + j * L.ldh + d) = kv;
-            *(uint4*)(Vs + j * L.ldh + d) = vv;
+    auto load_tile = [&](int tile, int stage) {
+        const int j0 = tile * TK;
+        for (int e = threadIdx.x; e < TK * HD / 8; e += kTcThreads) {
+            const int j = e / (HD / 8), d = (e % (HD / 8)) * 8;
+            const bool ok = j0 + j < a.n_ctx;  // zeros past the cache's end (never visible)
+            const int64_t src = int64_t(ok ? j0 + j : 0) * dim + col0 + d;
+            cp_async16(Ks + (stage * TK + j) * L::ld + d, K + src, ok);
+            cp_async16(Vs + (stage * TK + j) * L::ld + d, V + src, ok);
+        }
+        cp_async_commit();
+    };
+    if (n_tiles > 0) load_tile(0, 0);
+
+    // The warp's Q as mma A fragments, one per 16 columns of the head.
+    uint32_t qf[HD / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) ldmatrix_x4(qf[kk], Qs + (warp * 16 + (lane & 15)) * L::ld + kk * 16 + (lane >> 4) * 8);
+
+    float o[HD / 8][4];
+#pragma unroll
+    for (int n = 0; n < HD / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    const float scale_log2 = a.scale * 1.4426950408889634f;  // exp(x) = exp2(x log2 e)
+
+    for (int tile = 0; tile < n_tiles; tile++) {
+        const int stage = tile & 1, j0 = tile * TK;
+        if (tile + 1 < n_tiles) {
+            load_tile(tile + 1, stage ^ 1);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
         __syncthreads();
-        // S rows [16 warp, 16 warp + 16) = Q K^T
-        for (int n = 0; n < TK / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::fill_fragment(acc, 0.0f);
-            for (int k = 0; k < hd; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> fb;
-                wmma::load_matrix_sync(fa, Qs + (warp * 16) * L.ldh + k, L.ldh);
-                wmma::load_matrix_sync(fb, Ks + (n * 16) * L.ldh + k, L.ldh);
-                wmma::mma_sync(acc, fa, fb, acc);
+        if (j0 <= w_last) {  // the warp sees some key of this tile
+            const __half* Kt = Ks + stage * TK * L::ld;
+            const __half* Vt = Vs + stage * TK * L::ld;
+            float s[TK / 8][4];
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int n = 0; n < TK / 8; n += 2) {  // keys 8n..8n+15: b0, b1 of tile n, then of n + 1
+                    uint32_t b[4];
+                    ldmatrix_x4(b, Kt + (n * 8 + (lane >> 4) * 8 + (lane & 7)) * L::ld + kk * 16 + ((lane >> 3) & 1) * 8);
+                    mma_f16(s[n], qf[kk], b[0], b[1]);
+                    mma_f16(s[n + 1], qf[kk], b[2], b[3]);
+                }
             }
-            wmma::store_matrix_sync(Ss + (warp * 16) * L.lds + n * 16, acc, L.lds, wmma::mem_row_major);
+            // Scores to log2 units, masked where the tile crosses a row's position.
+            const bool masked = j0 + TK - 1 > w_first;
+            float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++) {
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int j = j0 + n * 8 + 2 * t + (c & 1), i = c >> 1;
+                    const float v = masked && j > p_row[i] ? -INFINITY : s[n][c] * scale_log2;
+                    s[n][c] = v;
+                    mx[i] = fmaxf(mx[i], v);
+                }
+            }
+            float corr[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                const float m_new = fmaxf(m_run[i], mx[i]);
+                corr[i] = m_new == -INFINITY ? 1.0f : exp2f(m_run[i] - m_new);  // exp2(-inf) = 0 on the first tile
+                m_run[i] = m_new;
+            }
+            // P = exp2(s - m), rounded to f16 as P V will weigh it; the sums add the rounded values.
+            uint32_t pf[TK / 16][4];
+            float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int n = 0; n < TK / 8; n++) {
+                float e[4];
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const float mr = m_run[c >> 1];
+                    e[c] = s[n][c] == -INFINITY ? 0.0f : exp2f(s[n][c] - mr);
+                }
+                const uint32_t lo = pack_f16(e[0], e[1]), hi = pack_f16(e[2], e[3]);
+                const float2 flo = __half22float2(*(const __half2*)&lo), fhi = __half22float2(*(const __half2*)&hi);
+                sum[0] += flo.x + flo.y;
+                sum[1] += fhi.x + fhi.y;
+                // A fragment of keys 16(n/2)..: a0 row g, a1 row g+8 (first 8 keys); a2, a3 the next 8
+                pf[n >> 1][(n & 1) * 2 + 0] = lo;
+                pf[n >> 1][(n & 1) * 2 + 1] = hi;
+            }
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 1);
+                sum[i] += __shfl_xor_sync(0xffffffffu, sum[i], 2);
+                l_run[i] = l_run[i] * corr[i] + sum[i];
+            }
+#pragma unroll
+            for (int n = 0; n < HD / 8; n++) {
+                o[n][0] *= corr[0], o[n][1] *= corr[0];
+                o[n][2] *= corr[1], o[n][3] *= corr[1];
+            }
+            // O += P V: V rows are keys (k), columns head dims (n), read transposed into B fragments.
+#pragma unroll
+            for (int kk = 0; kk < TK / 16; kk++) {
+#pragma unroll
+                for (int n = 0; n < HD / 8; n += 2) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, Vt + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * L::ld + n * 8 + (lane >> 4) * 8);
+                    mma_f16(o[n], pf[kk], b[0], b[1]);
+                    mma_f16(o[n + 1], pf[kk], b[2], b[3]);
+                }
+            }
         }
-        __syncwarp();
-        // Online softmax of the warp's 16 rows: two lanes per row, 32 columns each.
-        {
-            const int i = warp * 16 + lane / 2, c0 = (lane % 2) * 32, p = p_row[i];
-            float mx = -INFINITY;
-            for (int c = 0; c < 32; c++) {
-                const int j = j0 + c0 + c;
-                const float sv = j <= p ? Ss[i * L.lds + c0 + c] * a.scale : -INFINITY;
-                Ss[i * L.lds + c0 + c] = sv;
-                mx = fmaxf(mx, sv);
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-            const float m_old = m_row[i], m_new = fmaxf(m_old, mx);
-            const float corr = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
-            float sum = 0.0f;
-            for (int c = 0; c < 32; c++) {
-                const float sv = Ss[i * L.lds + c0 + c];
-                const float e = sv == -INFINITY ? 0.0f : expf(sv - m_new);
-                const __half eh = __float2half_rn(e);
-                Ps[i * L.ldp + c0 + c] = eh;
-                sum += __half2float(eh);  // the sum of what P V will weigh
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            __syncwarp();
-            if (lane % 2 == 0) {
-                m_row[i] = m_new;
-                l_row[i] = l_row[i] * corr + sum;
-            }
-            // rescale this row's half of O
-            for (int d = (lane % 2) * (hd / 2); d < (lane % 2 + 1) * (hd / 2); d++) Os[i * L.ldo + d] *= corr;
-        }
-        __syncwarp();
-        // O rows of the warp += P V
-        for (int n = 0; n < hd / 16; n++) {
-            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
-            wmma::load_matrix_sync(acc, Os + (warp * 16) * L.ldo + n * 16, L.ldo, wmma::mem_row_major);
-            for (int k = 0; k < TK; k += 16) {
-                wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> fa;
-                wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::row_major> fb;
-                wmma::load_matrix_sync(fa, Ps + (warp * 16) * L.ldp + k, L.ldp);
-                wmma::load_matrix_sync(fb, Vs + k * L.ldh + n * 16, L.ldh);
-                wmma::mma_sync(acc, fa, fb, acc);
-            }
-            wmma::store_matrix_sync(Os + (warp * 16) * L.ldo + n * 16, acc, L.ldo, wmma::mem_row_major);
-        }
-        __syncthreads();  // K/V tiles are reloaded next
+        __syncthreads();  // the stage is loaded again two tiles on
     }
-    for (int e = threadIdx.x; e < TQ * hd; e += kTcThreads) {
-        const int i = e / hd, d = e % hd;
-        if (r0 + i < a.rows) {
-            const float l = l_row[i];
-            out[int64_t(r0 + i) * ldo_g + int64_t(h) * hd + d] = l > 0.0f ? Os[i * L.ldo + d] / l : 0.0f;
-        }
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        const int r = r0 + warp * 16 + g + 8 * i;
+        if (r >= a.rows) continue;
+        const float inv = l_run[i] > 0.0f ? 1.0f / l_run[i] : 0.0f;
+        float* dst = out + int64_t(r) * ldo_g + int64_t(h) * HD;
+#pragma unroll
+        for (int n = 0; n < HD / 8; n++)
+            *(float2*)(dst + n * 8 + 2 * t) = make_float2(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
     }
 }

@@ -24,10 +24,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     const int hd = a.head_dim, dim = a.n_head_kv * hd, col0 = (h / (a.n_head / a.n_head_kv)) * hd;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int p = pos[r];
-    // the cache row of key j: j, or through the row's sequence's block table (a batch step)
+    // the cache row of key j: j, its row in a local layer's ring, or through the row's sequence's block table
+    // (a batch step)
     const int32_t* tbl = pg.seq ? pg.tables + int64_t(pg.seq[r]) * pg.max_blocks : nullptr;
     auto row_of = [&](int j) -> int64_t {
-        return tbl ? int64_t(tbl[j / pg.block_size]) * pg.block_size + j % pg.block_size : int64_t(j);
+        return tbl ? int64_t(tbl[j / pg.block_size]) * pg.block_size + j % pg.block_size
+                   : int64_t(a.ring > 0 ? j % a.ring : j);
     };
     float* o_final = out + int64_t(r) * ldo + int64_t(h) * hd;
     float* part = partial + ((int64_t(r) * a.n_head + h) * S + z) * (hd + 2);

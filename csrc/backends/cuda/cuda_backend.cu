@@ -150,9 +150,10 @@ bool CudaBackend::supports_op(const Node& node) const {
         auto it = weights_.find(w);
         return it != weights_.end() && it->second.type == GGML_TYPE_F32;
     };
-    // the cache's kernels; a local layer's KV ring has none yet (the scheduler asks for none on CUDA)
+    // the cache's kernels (a KV ring: the windowed attention kernel reads it, and only a local layer has one)
     const bool kv_ok = (node.meta.kv_type == GGML_TYPE_F16 || node.meta.kv_type == GGML_TYPE_F32 ||
-                        node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256 && node.meta.kv_ring == 0;
+                        node.meta.kv_type == GGML_TYPE_Q8_0) && node.meta.head_dim <= 256 &&
+                       (node.meta.kv_ring == 0 || node.meta.window > 0);
     switch (node.op) {
         case Op::Input: case Op::TailRow: case Op::PickRows: case Op::Rope: case Op::Add: case Op::Mul: case Op::Silu: case Op::SwiGLU:
         case Op::Gelu: case Op::GeGLU: case Op::Scale: case Op::SoftCap:

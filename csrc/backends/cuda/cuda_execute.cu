@@ -189,6 +189,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             e.head_dim = m.head_dim;
             e.rope_dim = m.rope_dim;
             e.n_ctx = m.n_ctx;
+            e.ring = m.kv_ring;
             e.base = m.rope_base;
             e.scale = m.rope_scale;
             e.neox = m.rope_neox;
@@ -205,7 +206,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             float* y = at(a.out);
             const int64_t ly = a.out.ld;
             cuda::RopeStoreShape sh{rows, m.q_cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
-                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx};
+                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx, m.kv_ring};
             return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, y, ly, raw(a.kv_k),
                                        raw(a.kv_v), err_dev_, stream_);
         }
@@ -226,7 +227,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                               m.head_dim, m.rope_dim, m.rope_base, m.rope_scale, m.rope_neox, stream_);
         case Op::KvStore:
             return cuda::kv_store(m.kv_type, at(a.in[0]), ld(0), at(a.in[1]), ld(1), (const int32_t*)at(a.in[2]), rows,
-                                  m.n_head_kv * m.head_dim, m.n_ctx, raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
+                                  m.n_head_kv * m.head_dim, m.n_ctx, m.kv_ring, raw(a.kv_k), raw(a.kv_v), err_dev_,
+                                  stream_);
         case Op::AddRmsNorm: {
             const int n = cols / 2;
             cuda::Q8Act q8;  // decode: also the norm as the next projection's 8-bit activations
@@ -245,7 +247,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         }
         case Op::RopeKvStore: {
             cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
-                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx};
+                                    m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx, m.kv_ring};
             return cuda::rope_kv_store(sh, at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.in[2]), ld(2),
                                        (const int32_t*)at(a.in[3]), at(a.out), a.out.ld, raw(a.kv_k), raw(a.kv_v),
                                        err_dev_, stream_);
@@ -261,7 +263,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 return cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
                                              raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_);
             }
-            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale, m.window};
+            AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale, m.window, m.kv_ring};
             const size_t need = attention_scratch_floats(s);
             float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
             cuda::Q8Act q8;  // decode with a combine step: also the output as the O projection's 8-bit activations

@@ -18,6 +18,9 @@ namespace minfer::cuda {
 template <int T> struct Block;
 template <> struct Block<GGML_TYPE_F32>  { static constexpr int bytes = 4,   values = 1; };
 template <> struct Block<GGML_TYPE_F16>  { static constexpr int bytes = 2,   values = 1; };
+template <> struct Block<GGML_TYPE_BF16> { static constexpr int bytes = 2,   values = 1; };
+template <> struct Block<GGML_TYPE_IQ4_NL> { static constexpr int bytes = 18, values = 32; };
+template <> struct Block<GGML_TYPE_IQ4_XS> { static constexpr int bytes = 136, values = 256; };
 template <> struct Block<GGML_TYPE_Q4_0> { static constexpr int bytes = 18,  values = 32; };
 template <> struct Block<GGML_TYPE_Q4_1> { static constexpr int bytes = 20,  values = 32; };
 template <> struct Block<GGML_TYPE_Q5_0> { static constexpr int bytes = 22,  values = 32; };
@@ -37,6 +40,24 @@ __device__ __forceinline__ void k_scale_min_dev(const uint8_t* s, int j, int* sc
     }
 }
 
+// Level q (0..15) of IQ4_NL / IQ4_XS: byte q of kvalues_iq4nl (quant/types.h) packed in four words, picked by
+// one byte permute (no table in memory, no divergent loads).
+__device__ __forceinline__ int iq4_level(int q) {
+    const uint32_t lo = q & 8 ? 0x26190d01U : 0xbfad9881U, hi = q & 8 ? 0x71594535U : 0xf6eaddcfU;
+    return int(int8_t(__byte_perm(lo, hi, unsigned(q & 7)) & 0xff));
+}
+
+// 8 bf16 values at p (16-byte aligned) as floats: the top halves of f32 bit patterns.
+__device__ __forceinline__ void bf16x8(const uint8_t* p, float* y) {
+    const uint4 v = *(const uint4*)p;
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        y[2 * i] = __uint_as_float(w[i] << 16);
+        y[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
 template <int T>
 __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y) {
     constexpr int QB = Block<T>::bytes, QV = Block<T>::values;
@@ -53,6 +74,8 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
             y[2 * i] = f.x;
             y[2 * i + 1] = f.y;
         }
+    } else if constexpr (T == GGML_TYPE_BF16) {
+        bf16x8(row + j * 2, y);
     } else {
         const uint8_t* b = row + (j / QV) * QB;
         const int e = int(j % QV);  // first value inside the block
@@ -80,6 +103,19 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
                 if constexpr (T == GGML_TYPE_Q5_0) y[i] = __fmul_rn(d, float(q - 16));
                 else y[i] = __fadd_rn(__fmul_rn(d, float(q)), f16_at(b + 2));
             }
+        } else if constexpr (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS) {
+            // IQ4_XS: sub-block e / 32 of the super-block, scale d * (ls - 32), nibbles at 8 + 16 * sub
+            const int sub = e / 32, l0 = e % 32;
+            float dl = f16_at(b);
+            const uint8_t* qs = b + 2;
+            if constexpr (T == GGML_TYPE_IQ4_XS) {
+                const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xf) | (((b[2 + sub / 4] >> (2 * (sub % 4))) & 3) << 4);
+                dl = __fmul_rn(dl, float(ls - 32));
+                qs = b + 8 + 16 * sub;
+            }
+            const int shift = l0 >= 16 ? 4 : 0;
+#pragma unroll
+            for (int i = 0; i < 8; i++) y[i] = __fmul_rn(dl, float(iq4_level((qs[(l0 & 15) + i] >> shift) & 0xf)));
         } else if constexpr (T == GGML_TYPE_Q8_0) {
             const float d = f16_at(b);
             const int8_t* qs = (const int8_t*)(b + 2 + e);
@@ -121,5 +157,6 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
 
 // Calls F.template operator()<TYPE>() for a runtime weight type (the kernels
 // are instantiated once per supported type); returns false for other types.
-#define MINFER_CUDA_TYPES(X) X(GGML_TYPE_F32) X(GGML_TYPE_F16) X(GGML_TYPE_Q4_0) X(GGML_TYPE_Q4_1) \
-    X(GGML_TYPE_Q5_0) X(GGML_TYPE_Q5_1) X(GGML_TYPE_Q8_0) X(GGML_TYPE_Q4_K) X(GGML_TYPE_Q5_K) X(GGML_TYPE_Q6_K)
+#define MINFER_CUDA_TYPES(X) X(GGML_TYPE_F32) X(GGML_TYPE_F16) X(GGML_TYPE_BF16) X(GGML_TYPE_Q4_0) X(GGML_TYPE_Q4_1) \
+    X(GGML_TYPE_Q5_0) X(GGML_TYPE_Q5_1) X(GGML_TYPE_Q8_0) X(GGML_TYPE_Q4_K) X(GGML_TYPE_Q5_K) X(GGML_TYPE_Q6_K)      \
+    X(GGML_TYPE_IQ4_NL) X(GGML_TYPE_IQ4_XS)

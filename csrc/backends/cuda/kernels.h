@@ -37,6 +37,7 @@ struct MatvecPart {
 struct QkvRopeEpilogue {
     const int32_t* pos = nullptr;  // null: no epilogue
     int head_dim = 0, rope_dim = 0, n_ctx = 0;  // fusable with rope_dim == head_dim
+    int ring = 0;                               // > 0: a local layer's ring of rows (position p in row p % ring)
     float base = 0.0f, scale = 1.0f;
     bool neox = false;
     uint32_t kv_type = 0;
@@ -139,7 +140,7 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
           int head_dim, int rope_dim, float base, float scale, bool neox, cudaStream_t s);
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
-              int rows, int dim, int n_ctx, void* K, void* V, uint32_t* err, cudaStream_t s);
+              int rows, int dim, int n_ctx, int ring, void* K, void* V, uint32_t* err, cudaStream_t s);
 
 // rope(q) into y, rope(k) and v stored at the rows' positions: the decode fusion (norm_rope.cu).
 struct RopeStoreShape {
@@ -148,6 +149,7 @@ struct RopeStoreShape {
     bool neox;
     uint32_t kv_type;
     int n_ctx;
+    int ring;  // as QkvRopeEpilogue
 };
 void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
                    int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
@@ -159,6 +161,7 @@ struct AttnShape {
     uint32_t kv_type;
     float scale;
     int window = 0;  // > 0: a row at p sees keys p - window < j <= p (the general kernel only)
+    int ring = 0;    // > 0: the cache is a ring of rows, position p in row p % ring (the general kernel only)
 };
 // A batch step's paged KV (null seq: one sequence, row = position): key j of row r's sequence is in pool
 // block tables[seq[r] * max_blocks + j / block_size].

@@ -186,16 +186,17 @@ __device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int 
 
 // One block per row.
 __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, int64_t ldk, const float* __restrict__ v,
-                                int64_t ldv, const int32_t* __restrict__ pos, int dim, int n_ctx, uint8_t* K,
-                                uint8_t* V, uint32_t* err) {
+                                int64_t ldv, const int32_t* __restrict__ pos, int dim, int n_ctx, int ring,
+                                uint8_t* K, uint8_t* V, uint32_t* err) {
     const int r = blockIdx.x;
     const int p = pos[r];
     if (p < 0 || p >= n_ctx) {
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         return;
     }
-    store_row(kv_type, k + int64_t(r) * ldk, K, p, dim, 0, dim);
-    store_row(kv_type, v + int64_t(r) * ldv, V, p, dim, 0, dim);
+    const int row = ring > 0 ? p % ring : p;  // a local layer's ring
+    store_row(kv_type, k + int64_t(r) * ldk, K, row, dim, 0, dim);
+    store_row(kv_type, v + int64_t(r) * ldv, V, row, dim, 0, dim);
 }
 
 // The decode fusion of rope(q), rope(k) and the KV store: one block per head
@@ -227,8 +228,9 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t 
     if (i < sh.head_dim / 2) rope_pair(xh, oh, i, sh.rope_dim, sh.neox, cs, sn);
     if (is_q) return;
     __syncthreads();
-    store_row(sh.kv_type, kr, K, p, sh.kv_dim, h * sh.head_dim, sh.head_dim);
-    store_row(sh.kv_type, v + int64_t(r) * ldv + h * sh.head_dim, V, p, sh.kv_dim, h * sh.head_dim, sh.head_dim);
+    const int row = sh.ring > 0 ? p % sh.ring : p;
+    store_row(sh.kv_type, kr, K, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
+    store_row(sh.kv_type, v + int64_t(r) * ldv + h * sh.head_dim, V, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
 }
 
 }  // namespace
@@ -304,11 +306,11 @@ void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos
 }
 
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos, int rows,
-              int dim, int n_ctx, void* K, void* V, uint32_t* err, cudaStream_t s) {
+              int dim, int n_ctx, int ring, void* K, void* V, uint32_t* err, cudaStream_t s) {
     if (kv_type == GGML_TYPE_Q8_0 && dim % 32)
         throw MinferError(strfmt("CUDA kv_store: q8_0 needs a KV width divisible by 32, got %d", dim));
-    kv_store_kernel<<<unsigned(rows), 128, 0, s>>>(kv_type, k, ldk, v, ldv, pos, dim, n_ctx, (uint8_t*)K, (uint8_t*)V,
-                                                   err);
+    kv_store_kernel<<<unsigned(rows), 128, 0, s>>>(kv_type, k, ldk, v, ldv, pos, dim, n_ctx, ring, (uint8_t*)K,
+                                                   (uint8_t*)V, err);
     check_launch("kv_store");
 }
 

@@ -71,6 +71,30 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
             }
         }
         U.a_lo = U.a_hi = 1.0f;
+    } else if constexpr (T == GGML_TYPE_BF16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) bf16x8(row + u * 64 + 16 * i, U.q + 8 * i);
+        U.a_lo = U.a_hi = 1.0f;
+    } else if constexpr (T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS) {
+        // the unit is one IQ4_NL block, or sub-block u % 8 of an IQ4_XS super-block (scale d * (ls - 32))
+        uint32_t qs[4];
+        if constexpr (T == GGML_TYPE_IQ4_NL) {
+            const uint8_t* b = row + u * 18;
+            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b);
+            load16_a2(b + 2, qs);
+        } else {
+            const uint8_t* b = row + (u / 8) * 136;
+            const int j = int(u % 8);
+            const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((b[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
+            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b) * float(ls - 32);
+            load16_a4(b + 8 + 16 * j, qs);  // 136-byte super-blocks: qs is 8-byte aligned, not 16
+        }
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            const int v = byte_at(qs, i);
+            U.q[i] = float(iq4_level(v & 0xf));
+            U.q[i + 16] = float(iq4_level(v >> 4));
+        }
     } else if constexpr (T == GGML_TYPE_Q4_0 || T == GGML_TYPE_Q4_1) {
         const uint8_t* b = row + u * Block<T>::bytes;
         uint32_t qs[4];
@@ -169,7 +193,8 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
 
 // Types whose units have no offset term (b == 0 always): the sum of x is not needed.
 template <int T> constexpr bool unit_has_offset() {
-    return !(T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_Q8_0 || T == GGML_TYPE_Q6_K);
+    return !(T == GGML_TYPE_F32 || T == GGML_TYPE_F16 || T == GGML_TYPE_BF16 || T == GGML_TYPE_Q8_0 ||
+             T == GGML_TYPE_Q6_K || T == GGML_TYPE_IQ4_NL || T == GGML_TYPE_IQ4_XS);
 }
 
 }  // namespace minfer::cuda
