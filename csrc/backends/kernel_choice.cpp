@@ -31,8 +31,7 @@ const std::vector<KernelChoiceSpec> kChoices = {
     {"cuda.batch_matmul", "matvec|int8|bf16|f16",
      "a batch step's products (2-64 rows): the 8-bit matvec streaming each weight once for two rows, int8 "
      "tensor cores on 8-bit activations, bf16 ones on quants decoded in registers, or f16 on dequantized slices"},
-    {"cuda.prefill_rows", "64|128", "tensor-core prefill attention's query rows a block"},
-    {"cuda.attention_group", "1|all", "decode attention's split grid: a block per query head, or per KV head"},
+    {"cuda.attention_group", "1|all", "a batch's paged decode attention: a block per query head, or per KV head"},
     {"metal.matmul", "matvec|rows|simdgroup", "one matmul tier for every row count"},
     {"metal.attention", "flash|split", "the single-pass flash kernel or the split kernel with a combine"},
 };

@@ -30,6 +30,9 @@ namespace {
 
 constexpr int kChunk = 128, kThreads = 128, kMaxHeadDim = 256;
 constexpr int kClusterSplits = 8;  // blocks a cluster of the decode merge (the portable cluster size)
+// Prefill's warps a block (16 query rows each): 8 warps (128 rows, K/V tiles read once for twice the rows)
+// measured no faster at 16k-32k positions, and slower on the 1.5B and 7B layouts.
+constexpr int kPrefillWarps = 4;
 
 __device__ __forceinline__ float kv_at(uint32_t kv_type, const uint8_t* base, int64_t j, int dim, int col) {
     if (kv_type == GGML_TYPE_F16) return __half2float(((const __half*)base)[j * dim + col]);
@@ -97,40 +100,20 @@ int cluster_merge_splits(const AttnShape& a, int S) {
     return S <= kClusterSplits || int64_t(a.n_head) * C >= sms ? C : 0;
 }
 
-// How many query heads of one KV head a decode block of the split grid attends (attention_decode_f16's group): all of
-// them where the grid still has two blocks an SM (rows x KV heads x splits), else one.  Grouped, a sequence's
-// K and V rows are read once a KV head instead of once a query head.  The kernel choice cuda.attention_group
-// forces one (tests compare them).
-int paged_head_group(const AttnShape& a, int S) {
-    const int G = a.n_head / a.n_head_kv;
-    const std::string v = forced_kernel("cuda.attention_group");
-    if (v == "1") return 1;
-    if (v == "all") return G;
-    return int64_t(a.rows) * a.n_head_kv * S >= 2 * int64_t(sm_count()) ? G : 1;
-}
-
-// Prefill's query rows a block: 16 a warp, 4 or 8 warps.  A block reads its keys' K and V tiles once for all
-// its rows, so 128 rows halve what long contexts move from L2; short prompts keep 64 for more blocks.  The
-// kernel choice cuda.prefill_rows forces one (tests compare them).
-static int prefill_warps(const AttnShape& a) {
-    const std::string v = forced_kernel("cuda.prefill_rows");
-    if (!v.empty()) return v == "64" ? 4 : 8;
-    return int64_t(a.n_head) * ((a.rows + 127) / 128) >= 2 * int64_t(sm_count()) ? 8 : 4;
-}
-
-template <int HD, int WARPS>
+template <int HD>
 static void launch_prefill(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
                     float* out, int64_t ldo, uint32_t* err, cudaStream_t s) {
-    using L = FlashSmem<HD, WARPS>;
+    using L = FlashSmem<HD, kPrefillWarps>;
     static bool raised = false;  // the opt-in above 48 KB of shared memory, once per process and kernel
     if (!raised) {
-        const cudaError_t e = cudaFuncSetAttribute(attention_prefill_tc<HD, WARPS>,
+        const cudaError_t e = cudaFuncSetAttribute(attention_prefill_tc<HD, kPrefillWarps>,
                                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(L::bytes));
         if (e != cudaSuccess) throw MinferError(strfmt("CUDA attention: %s", cudaGetErrorString(e)));
         raised = true;
     }
-    attention_prefill_tc<HD, WARPS><<<dim3(unsigned(a.n_head), unsigned((a.rows + L::rows - 1) / L::rows)), WARPS * 32,
-                                      L::bytes, s>>>(a, q, ldq, pos, (const __half*)K, (const __half*)V, out, ldo, err);
+    const dim3 grid(unsigned(a.n_head), unsigned((a.rows + L::rows - 1) / L::rows));
+    attention_prefill_tc<HD, kPrefillWarps><<<grid, kPrefillWarps * 32, L::bytes, s>>>(
+        a, q, ldq, pos, (const __half*)K, (const __half*)V, out, ldo, err);
     check_launch("attention_prefill_tc");
 }
 
@@ -154,14 +137,8 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         throw MinferError(strfmt("CUDA attention: 8-bit output needs head_dim %% 32 == 0, got %d", a.head_dim));
     check_heads(a);
     if (attention_uses_tensor_cores(a)) {
-        const int warps = prefill_warps(a);
-        if (a.head_dim == 64) {
-            if (warps == 4) launch_prefill<64, 4>(a, q, ldq, pos, K, V, out, ldo, err, s);
-            else launch_prefill<64, 8>(a, q, ldq, pos, K, V, out, ldo, err, s);
-        } else {
-            if (warps == 4) launch_prefill<128, 4>(a, q, ldq, pos, K, V, out, ldo, err, s);
-            else launch_prefill<128, 8>(a, q, ldq, pos, K, V, out, ldo, err, s);
-        }
+        if (a.head_dim == 64) launch_prefill<64>(a, q, ldq, pos, K, V, out, ldo, err, s);
+        else launch_prefill<128>(a, q, ldq, pos, K, V, out, ldo, err, s);
         return;
     }
     const int S = attention_splits(a);
@@ -174,12 +151,10 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
                            (const __half*)V, out, err, q8);
         return;
     }
-    if (fast && decode_f16_kernel_on()) {  // a block per query head, or per KV head (paged_head_group's rule)
-        const int group = S > 1 ? paged_head_group(a, S) : 1;
-        auto kernel = group > 1 ? (a.head_dim == 64 ? attention_decode_f16<64, true> : attention_decode_f16<128, true>)
-                                : (a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>);
-        launch("attention_decode", kernel, dim3(unsigned(a.n_head / group), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q,
-               pos, (const __half*)K, (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), group);
+    if (fast && decode_f16_kernel_on()) {
+        launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
+               dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
+               (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), 1);
     } else {
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
@@ -187,6 +162,18 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     if (S > 1)
         launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
                size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
+}
+
+// How many query heads of one KV head a paged decode block attends (attention_decode_f16's group): all of
+// them where the grid still has two blocks an SM (rows x KV heads x splits), else one.  Grouped, a sequence's
+// K and V rows are read once a KV head instead of once a query head.  The kernel choice cuda.attention_group
+// forces one (tests compare them).
+int paged_head_group(const AttnShape& a, int S) {
+    const int G = a.n_head / a.n_head_kv;
+    const std::string v = forced_kernel("cuda.attention_group");
+    if (v == "1") return 1;
+    if (v == "all") return G;
+    return int64_t(a.rows) * a.n_head_kv * S >= 2 * int64_t(sm_count()) ? G : 1;
 }
 
 size_t attention_paged_scratch_floats(const AttnShape& a) {
