@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
     const int32_t* tbl = pg.seq ? pg.tables + int64_t(pg.seq[r]) * pg.max_blocks : nullptr;
     auto row_of = [&](int j) -> int64_t {
         return tbl ? int64_t(tbl[j / pg.block_size]) * pg.block_size + j % pg.block_size
-                   : int64_t(a.ring > 0 ? j % a.ring : j);
+                   : kv_cache_row(j, a.ring);
     };
     float* o_final = out + int64_t(r) * ldo + int64_t(h) * hd;
     float* part = partial + ((int64_t(r) * a.n_head + h) * S + z) * (hd + 2);

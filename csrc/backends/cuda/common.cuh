@@ -25,6 +25,9 @@ inline void check_launch(const char* kernel) {
 __device__ __forceinline__ float f16_at(const uint8_t* p) {
     return __half2float(__ushort_as_half(*(const uint16_t*)p));
 }
+// The cache row of position p: p, or its row in a local layer's ring of `ring` rows.
+__device__ __forceinline__ int64_t kv_cache_row(int p, int ring) { return ring > 0 ? p % ring : p; }
+
 __device__ __forceinline__ uint32_t u32_at2(const uint8_t* p) {  // 2-byte aligned 32-bit field
     const uint16_t* h = (const uint16_t*)p;
     return uint32_t(h[0]) | uint32_t(h[1]) << 16;

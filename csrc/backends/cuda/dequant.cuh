@@ -47,6 +47,11 @@ __device__ __forceinline__ int iq4_level(int q) {
     return int(int8_t(__byte_perm(lo, hi, unsigned(q & 7)) & 0xff));
 }
 
+// The 6-bit scale of sub-block j (0..7) of an IQ4_XS super-block b: low 4 bits in scales_l, high 2 in scales_h.
+__device__ __forceinline__ int iq4xs_scale(const uint8_t* b, int j) {
+    return ((b[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((b[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
+}
+
 // 8 bf16 values at p (16-byte aligned) as floats: the top halves of f32 bit patterns.
 __device__ __forceinline__ void bf16x8(const uint8_t* p, float* y) {
     const uint4 v = *(const uint4*)p;
@@ -109,8 +114,7 @@ __device__ __forceinline__ void dequant8(const uint8_t* row, int64_t j, float* y
             float dl = f16_at(b);
             const uint8_t* qs = b + 2;
             if constexpr (T == GGML_TYPE_IQ4_XS) {
-                const int ls = ((b[4 + sub / 2] >> (4 * (sub % 2))) & 0xf) | (((b[2 + sub / 4] >> (2 * (sub % 4))) & 3) << 4);
-                dl = __fmul_rn(dl, float(ls - 32));
+                dl = __fmul_rn(dl, float(iq4xs_scale(b, sub) - 32));
                 qs = b + 8 + 16 * sub;
             }
             const int shift = l0 >= 16 ? 4 : 0;

@@ -365,7 +365,7 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
         a.y[out.o] = r;
         return;
     }
-    const int64_t at = int64_t(e.ring > 0 ? p % e.ring : p) * a.part[1].n_out + out.o;
+    const int64_t at = kv_cache_row(p, e.ring) * a.part[1].n_out + out.o;
     void* cache = out.p == 1 ? e.K : e.V;
     if (e.kv_type == GGML_TYPE_F16) ((__half*)cache)[at] = __float2half_rn(r);
     else ((float*)cache)[at] = r;

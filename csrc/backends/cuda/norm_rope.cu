@@ -163,7 +163,7 @@ __global__ void rope_kernel(const float* __restrict__ x, int64_t ldx, float* __r
 // those n values): f32/f16 copy or q8_0 blocks (amax / 127, round half away
 // from zero, as quantize_row_act does; c0 and n multiples of 32); the block's
 // threads share the work, one thread per 32 values for q8_0.
-__device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int p, int dim, int c0, int n) {
+__device__ void store_row(uint32_t kv_type, const float* src, uint8_t* dst, int64_t p, int dim, int c0, int n) {
     if (kv_type == GGML_TYPE_F32) {
         float* d = (float*)dst + int64_t(p) * dim + c0;
         for (int i = threadIdx.x; i < n; i += blockDim.x) d[i] = src[i];
@@ -194,7 +194,7 @@ __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, i
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         return;
     }
-    const int row = ring > 0 ? p % ring : p;  // a local layer's ring
+    const int64_t row = kv_cache_row(p, ring);
     store_row(kv_type, k + int64_t(r) * ldk, K, row, dim, 0, dim);
     store_row(kv_type, v + int64_t(r) * ldv, V, row, dim, 0, dim);
 }
@@ -228,7 +228,7 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t 
     if (i < sh.head_dim / 2) rope_pair(xh, oh, i, sh.rope_dim, sh.neox, cs, sn);
     if (is_q) return;
     __syncthreads();
-    const int row = sh.ring > 0 ? p % sh.ring : p;
+    const int64_t row = kv_cache_row(p, sh.ring);
     store_row(sh.kv_type, kr, K, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
     store_row(sh.kv_type, v + int64_t(r) * ldv + h * sh.head_dim, V, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
 }

@@ -85,8 +85,7 @@ __device__ __forceinline__ void decode_unit(const uint8_t* __restrict__ row, int
         } else {
             const uint8_t* b = row + (u / 8) * 136;
             const int j = int(u % 8);
-            const int ls = ((b[4 + j / 2] >> (4 * (j % 2))) & 0xf) | (((b[2 + j / 4] >> (2 * (j % 4))) & 3) << 4);
-            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b) * float(ls - 32);
+            U.a_lo = U.a_hi = h2f(*(const uint16_t*)b) * float(iq4xs_scale(b, j) - 32);
             load16_a4(b + 8 + 16 * j, qs);  // 136-byte super-blocks: qs is 8-byte aligned, not 16
         }
 #pragma unroll
