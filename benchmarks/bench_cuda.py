@@ -43,16 +43,19 @@ LAYOUTS = {
 LAYOUTS.update({k + "-q8": v for k, v in LAYOUTS.items()})
 
 
-def llama_bench(binary: str, path: str, reps: int) -> tuple:
-    """llama.cpp on the same file: pp512, pp2048, tg128 after 512 and after 4096 tokens of context."""
+def run_llama_bench(binary: str, path: str, reps: int, *args) -> list:
+    """llama-bench (all layers on the GPU, flash attention) on a file: avg tok/s of each test it runs."""
     import subprocess
 
-    def run(*args):
-        out = subprocess.run([binary, "-m", path, "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json", *args],
-                             capture_output=True, text=True, check=True)
-        return [r["avg_ts"] for r in json.loads(out.stdout)]
-    pp = run("-p", "512,2048", "-n", "0")
-    tg = run("-p", "0", "-n", "128", "-d", "512,4096")
+    out = subprocess.run([binary, "-m", path, "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json", *args],
+                         capture_output=True, text=True, check=True)
+    return [r["avg_ts"] for r in json.loads(out.stdout)]
+
+
+def llama_bench(binary: str, path: str, reps: int) -> tuple:
+    """llama.cpp on the same file: pp512, pp2048, tg128 after 512 and after 4096 tokens of context."""
+    pp = run_llama_bench(binary, path, reps, "-p", "512,2048", "-n", "0")
+    tg = run_llama_bench(binary, path, reps, "-p", "0", "-n", "128", "-d", "512,4096")
     return pp[0], pp[1], tg[0], tg[1]
 
 
@@ -131,8 +134,6 @@ def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
     """Prefill of 16,384- and 32,768-token prompts and 64 greedy decode steps after contexts that long, beside
     llama-bench `-p 16384,32768 -n 0` and `-p 0 -n 64 -d 16384,32768` on the same file.  A model trained on
     32,768 tokens decodes after 32,704 (its context holds no more); llama.cpp runs past it."""
-    import subprocess
-
     import minfer._minfer as M
     from conftest import layout_model
 
@@ -160,11 +161,8 @@ def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
         r[f"tg@{n}"] = 64 / statistics.median(ts[1:])
         r[f"gbps@{n}"] = decode_bytes(model, path, depth + 32) * r[f"tg@{n}"] / 1e9
     if binary:
-        def run(*args):
-            out = subprocess.run([binary, "-m", path, "-ngl", "99", "-fa", "1", "-r", str(reps), "-o", "json", *args],
-                                 capture_output=True, text=True, check=True)
-            return [x["avg_ts"] for x in json.loads(out.stdout)]
-        pp, tg = run("-p", "16384,32768", "-n", "0"), run("-p", "0", "-n", "64", "-d", "16384,32768")
+        pp = run_llama_bench(binary, path, reps, "-p", "16384,32768", "-n", "0")
+        tg = run_llama_bench(binary, path, reps, "-p", "0", "-n", "64", "-d", "16384,32768")
         r["llama"] = {"pp16384": pp[0], "pp32768": pp[1], "tg@16384": tg[0], "tg@32768": tg[1]}
     l = r.get("llama", {})
     print(f"{name} long context: " + "  ".join(
