@@ -15,3 +15,18 @@ def causal_attention_f64(q, k, v, pos, n_head, n_head_kv, head_dim):
         w = np.exp(sc - sc.max(1, keepdims=True))
         out[:, h * head_dim:(h + 1) * head_dim] = (w / w.sum(1, keepdims=True)) @ v[:, cs]
     return out
+
+
+UH = 2.0 ** -11  # f16 unit roundoff
+
+
+def f16_attention_bound(q, k, v, n_head, n_head_kv, head_dim):
+    """The most a tensor-core attention may differ from the exact one over an f16 cache (k, v: the values it
+    holds), with q and the probabilities rounded to f16: a score moves by at most UH * scale * sum |q||k|, a
+    weight by that (as a factor e^ds) and by UH (its own rounding), so the output by about 2 (max ds + UH)
+    max |v|."""
+    g = n_head // n_head_kv
+    kk = np.abs(np.asarray(k, np.float64))
+    ds = max((np.abs(q[:, h * head_dim:(h + 1) * head_dim]) @ kk[:, (h // g) * head_dim:(h // g + 1) * head_dim].T).max()
+             for h in range(n_head)) * UH / np.sqrt(head_dim)
+    return 2.2 * (ds + UH) * np.abs(v).max()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import minfer
+from attention_ref import f16_attention_bound
 from conftest import SYNTHETIC, layout_model, require_cuda, shared_path, synthetic_model
 from logit_metrics import compare_topk
 from minfer import _minfer
@@ -120,10 +121,9 @@ def test_cuda_batch_products_by_rows(force):
 @pytest.mark.gpu
 def test_cuda_two_sequences_are_each_alone(force):
     """A CUDA batch of two sequences (the 1.5B layout: Q4_K/Q6_K products on the matvec's two-row kernel) gives
-    each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows); the
-    attention kernel pinned to one build, since its rule depends on the grid."""
+    each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows): the
+    tensor-core decode attention computes a (KV head, row, split) block the same in any batch."""
     require_cuda()
-    force("cuda.attention_group", "1")
     model = _minfer.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     toks = np.array([[17, 923], [151000, 5]], np.int32)
 
@@ -152,15 +152,18 @@ def test_cuda_two_sequences_are_each_alone(force):
 def test_paged_attention_against_float64(rng, force, backend, kernel, kv_type, bs):
     """KvStore at pool rows and Attn through block tables (two sequences, scattered blocks, a prefill chunk
     of one and a decode row of the other) against softmax attention in float64 over the rows the test
-    placed itself.  CUDA: blocks of 32 over an f16 cache take the decode kernel's warps (a block per query
-    head, or per KV head attending its query heads in turn: group=1 / group=all), else (or with
-    cuda.attention=general) the general kernel."""
+    placed itself.  CUDA: an f16 cache takes the tensor-core decode kernel (a KV head's
+    four query heads at once; q and the weights rounded to f16: attention_ref.f16_attention_bound), or with
+    cuda.attention=warp the warp kernels (a block per query head, or per KV head attending its query heads in
+    turn: group=1 / group=all); other caches (or cuda.attention=general) the general kernel."""
     if backend == "cuda":
         require_cuda()
         if kernel.startswith("group="):
+            force("cuda.attention", "warp")
             force("cuda.attention_group", kernel[6:])
         else:
             force("cuda.attention", kernel)
+    tensor_cores = backend == "cuda" and kernel == "auto" and kv_type == "f16"  # blocks of 16 and 32
     model = _minfer.Model(str(synthetic_model(TINY)))
     sess = _minfer.Session(model, threads=2, device="cuda" if backend == "cuda" else "cpu")
     n_head, n_head_kv, hd, n_blocks, max_blocks = 8, 2, 64, 12, 4
@@ -211,7 +214,12 @@ def test_paged_attention_against_float64(rng, force, backend, kernel, kv_type, b
             sc = keys @ q_all[i, h * hd:(h + 1) * hd].astype(np.float64) / np.sqrt(hd)
             w = np.exp(sc - sc.max())
             w /= w.sum()
-            assert np.allclose(out[oi, h * hd:(h + 1) * hd], w @ vals, atol=2e-5, rtol=1e-5), (s, p, h)
+            got, want = out[oi, h * hd:(h + 1) * hd], w @ vals
+            if tensor_cores:
+                qh = q_all[i:i + 1, h * hd:(h + 1) * hd]
+                assert np.abs(got - want).max() <= f16_attention_bound(qh, keys, vals, 1, 1, hd), (s, p, h)
+            else:
+                assert np.allclose(got, want, atol=2e-5, rtol=1e-5), (s, p, h)
 
 
 def test_bad_steps_are_refused(rng):

@@ -18,10 +18,9 @@ import numpy as np
 import pytest
 
 import minfer
-from attention_ref import causal_attention_f64
 from backend_compare import ELEMENTWISE, check_elementwise, check_rope, close, run_both
 from conftest import layout_model, nan_logits_model, require_cuda, synthetic_model
-from cuda_cases import M, U, UH, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
+from cuda_cases import M, U, forward, fused_decode_nodes, q15, random_weight, _gpu  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.gpu
 
@@ -138,116 +137,6 @@ def test_pipe_kernel_on_fused_parts(q15, rng, force):
             assert np.array_equal(a, b), key
 
 
-@pytest.mark.parametrize("rows,first", [(1, 700), (3, 40), (300, 200)], ids=["decode-split", "decode3", "prefill"])
-@pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
-@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(12, 2, 128), (14, 2, 64)])
-def test_kvstore_attention(q15, rng, kv_type, n_head, n_head_kv, head_dim, rows, first):
-    m, s = q15
-    n_ctx = 1024  # 4 chunks of 256: decode at 700 spans 3 splits, prefill rows cross a chunk edge
-    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
-    k = (rng.standard_normal((rows, n_head_kv * head_dim)) * 2).astype(np.float32)
-    v = rng.standard_normal((rows, n_head_kv * head_dim)).astype(np.float32)
-    pos = (np.arange(rows) + first).astype(np.int32).reshape(rows, 1)
-    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type=kv_type, n_ctx=n_ctx,
-                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=rows, cols=1, meta=meta),
-             dict(op="Attn", inputs=[0, 3, 4], rows=rows, cols=n_head * head_dim, meta=meta)]
-    gpu, ref = both(s, [q, k, v, pos], nodes)  # cells before `first` are zero-filled and attended to
-    if kv_type == "f16" and rows >= 16:
-        # Tensor-core prefill: q and the probabilities are rounded to f16.  A score moves by at most
-        # UH * scale * sum|q||k| (k is exact: the cache is f16), a weight by that (as a factor e^ds) and
-        # by UH (its own rounding), so the output by about 2 * (max ds + UH) * max|v|.
-        kk = k.astype(np.float16).astype(np.float64)
-        g = n_head // n_head_kv
-        ds = max((np.abs(q[:, h * head_dim:(h + 1) * head_dim]) @ np.abs(kk[:, (h // g) * head_dim:(h // g + 1) * head_dim]).T).max()
-                 for h in range(n_head)) * UH / np.sqrt(head_dim)
-        assert np.abs(gpu - ref).max() <= 2.2 * (ds + UH) * np.abs(v).max(), (np.abs(gpu - ref).max(), ds)
-    else:
-        close(gpu, ref, 1e-5)
-
-
-@pytest.mark.parametrize("length,head_dim", [(4096, 128), (16384, 64), (32768, 128)])
-def test_long_prefill_attention(q15, rng, length, head_dim):
-    """Tensor-core prefill over a long f16 cache (8 query heads over 2 KV heads) against float64: 128 rows at
-    the end of the context (a prompt's last tile: unmasked key tiles, then the diagonal) and 128 rows at random
-    positions across it (every key tile masked for some row).  Keys are scaled so each row's weight sits on a
-    few positions: a key tile skipped or mis-masked anywhere moves some row by O(1), far past the f16 bound (as
-    in test_kvstore_attention)."""
-    m, s = q15
-    n_head, n_head_kv = 8, 2
-    k = (rng.standard_normal((length, n_head_kv * head_dim)) * 6).astype(np.float32)
-    v = rng.standard_normal((length, n_head_kv * head_dim)).astype(np.float32)
-    pos = np.concatenate([np.arange(length - 128, length), np.sort(rng.choice(length - 128, 128, replace=False))])
-    q = rng.standard_normal((len(pos), n_head * head_dim)).astype(np.float32)
-    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=length,
-                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
-    all_pos = np.arange(length, dtype=np.int32).reshape(-1, 1)
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=length, cols=1, meta=meta),
-             dict(op="Attn", inputs=[0, 4, 5], rows=len(pos), cols=n_head * head_dim, meta=meta)]
-    gpu = s.run_ops("cuda", [q, k, v, all_pos, pos.astype(np.int32).reshape(-1, 1)], nodes)[-1]
-    ref = causal_attention_f64(q, k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64),
-                               pos, n_head, n_head_kv, head_dim)
-    kk = np.abs(k.astype(np.float16).astype(np.float64))
-    g = n_head // n_head_kv
-    ds = max((np.abs(q[:, h * head_dim:(h + 1) * head_dim]) @ kk[:, (h // g) * head_dim:(h // g + 1) * head_dim].T).max()
-             for h in range(n_head)) * UH / np.sqrt(head_dim)
-    err = np.abs(gpu - ref)
-    assert err.max() <= 2.2 * (ds + UH) * np.abs(v).max(), (err.max(), ds)
-    # float64 with the kernel's f16 rounding of q and P errs by a tenth of this at 4k; one dropped key tile by 7x it
-    assert err.mean() <= 0.005 * np.abs(ref).mean(), (err.mean(), np.abs(ref).mean())
-
-
-def decode_attention_case(rng, head_dim, first, n_ctx, attentions, n_head=12, n_head_kv=2):
-    """12 query heads over 2 KV heads (or as given): the f16 cache filled with positions 0..first (a multi-row
-    store), then `attentions` one-row attentions at the last position."""
-    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
-    k = (rng.standard_normal((first + 1, n_head_kv * head_dim)) * 2).astype(np.float32)
-    v = rng.standard_normal((first + 1, n_head_kv * head_dim)).astype(np.float32)
-    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
-                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
-    pos_all = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta)]
-    nodes += [dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)] * attentions
-    return [q, k, v, pos_all, pos_all[-1:]], nodes
-
-
-@pytest.mark.parametrize("head_dim,first", [(128, 700), (64, 700), (64, 90), (128, 6200)])
-def test_decode_attention_kernels_agree(q15, rng, force, head_dim, first):
-    """Decode over an f16 cache takes the warp-split kernel; cuda.attention=general the general one.
-    Both match the reference (f32 sums in different orders); the switch changes the computation.
-    At 6200 the combine merges 49 splits (more than its first warp has lanes)."""
-    m, s = q15
-    inputs, nodes = decode_attention_case(rng, head_dim, first, max(1024, first + 200), attentions=1)
-    ref = s.run_ops("reference", inputs, nodes)[-1]
-    split = s.run_ops("cuda", inputs, nodes)[-1]
-    force("cuda.attention", "general")
-    general = s.run_ops("cuda", inputs, nodes)[-1]
-    close(split, ref, 1e-5)
-    close(general, ref, 1e-5)
-    assert not np.array_equal(split, general)
-
-
-@pytest.mark.parametrize("head_dim,first,n_ctx", [(128, 90, 1024), (64, 700, 1024), (128, 200, 256), (128, 1100, 1300),
-                                                  (64, 1100, 1300), (128, 6200, 6400)])
-def test_decode_attention_cluster_merge(q15, rng, force, head_dim, first, n_ctx):
-    """Decode's splits merged inside the attention kernel by one cluster of up to 8 blocks a head (distributed
-    shared memory) match the reference, as the combine launch does: blocks with no chunk (90 and 700 positions
-    in 1024), a cluster of 2 (n_ctx 256), and blocks that walk 2 and 7 chunks (1100 positions in 1300, 6200 in
-    6400; the choice forces the cluster merge, which the rule gives only 8-split caches at 12 heads).  Two
-    attentions in a row give the same bits."""
-    m, s = q15
-    inputs, nodes = decode_attention_case(rng, head_dim, first, n_ctx, attentions=2)
-    ref = s.run_ops("reference", inputs, nodes[:2])[-1]
-    out = s.run_ops("cuda", inputs, nodes)
-    assert np.array_equal(out[-1], out[-2])
-    close(out[-1], ref, 1e-5)
-    for merge in ("cluster", "combine"):  # forced either way (auto keeps 12 heads of more than 8 splits on the combine)
-        force("cuda.attention_merge", merge)
-        out = s.run_ops("cuda", inputs, nodes)
-        assert np.array_equal(out[-1], out[-2])
-        close(out[-1], ref, 1e-5)
-
-
 @pytest.mark.parametrize("rows", [1, 5])
 @pytest.mark.parametrize("kv_type", ["f16", "f32", "q8_0"])
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
@@ -327,23 +216,28 @@ def test_qkv_rope_matches_unfused(q15, rng, force, rows, kv_type, neox, path):
         s.run_ops("cuda", bad, fused_nodes[:1])
 
 
+@pytest.mark.parametrize("n_ctx", [64, 8448], ids=["warp-attention", "tc-attention"])
 @pytest.mark.parametrize("layout", ["qwen2.5-coder-1.5b-instruct-q4_k_m", "deepseek-r1-distill-qwen-7b-q4_k_m"],
                          ids=["1.5b", "7b"])
-def test_qkv_rope_decode_is_bit_exact(rng, force, layout):
+def test_qkv_rope_decode_is_bit_exact(rng, force, layout, n_ctx):
     """The 1.5B and 7B layouts (their q/k/v launches take the pipe kernel: one chunk a lane ahead, and the 7B's
     whole-row build, whose V rows are Q6_K in 14 of its layers) decode to the same logits with the projection
     rotating and storing (every decode step must take the epilogue: cuda.qkv_rope=epilogue) as with the
-    separate RoPE + KV store node (=0), graph replays included."""
+    separate RoPE + KV store node (=0), graph replays included, and the fused run twice to the same bits: with
+    the warp decode attention (a cache of 64) and the tensor-core one (8,448), whose loads started before the
+    wait for q and row p once gave eager steps different bits from run to run."""
     model = M.Model(str(layout_model(layout)))
     prompt = rng.integers(0, 151936, size=7).astype(np.int32)
     force("cuda.qkv_rope", "epilogue")
-    s = M.Session(model, threads=4, n_ctx=64, device="cuda")
+    s = M.Session(model, threads=4, n_ctx=n_ctx, device="cuda")
     assert [n["op"] for n in s.plan(1).nodes].count("FusedQkvRope") == 28
-    fused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    fused, _ = forward(model, "cuda", prompt, 6, n_ctx=n_ctx)
+    again, _ = forward(model, "cuda", prompt, 6, n_ctx=n_ctx)
     force("cuda.qkv_rope", "0")
-    s = M.Session(model, threads=4, n_ctx=64, device="cuda")
+    s = M.Session(model, threads=4, n_ctx=n_ctx, device="cuda")
     assert "FusedQkvRope" not in [n["op"] for n in s.plan(1).nodes]
-    unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=64)
+    unfused, _ = forward(model, "cuda", prompt, 6, n_ctx=n_ctx)
+    assert np.array_equal(fused, again)
     assert np.array_equal(fused, unfused)
 
 
@@ -656,22 +550,25 @@ print("done")
 
 
 # The tiny model's heads (32 dims) never take the f16 decode attention kernels of the real layouts: these run
-# them on their own -- head_dim 128 and 64, the cluster merge (8 splits, some with no positions), the split
-# grid with the combine, the position in the middle of a warp's rows -- as decode_attention_case does.
+# them on their own -- head_dim 128 and 64, the tensor-core group kernel, the warp kernels' cluster merge (8
+# splits, some with no positions) and split grid with the combine, the position in the middle of a warp's
+# rows -- as test_cuda_attention.decode_attention_case does.
 ATTENTION = r'''
 import sys, numpy as np
 import minfer._minfer as M
 s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
 rng = np.random.default_rng(0)
 for head_dim in (128, 64):
-    for merge in ("cluster", "combine"):
+    for kernel, merge in (("auto", "auto"), ("warp", "cluster"), ("warp", "combine")):
+        M.force_kernel("cuda.attention", kernel)
         M.force_kernel("cuda.attention_merge", merge)
         first, n_head, n_kv = 700, 12, 2
         q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
         k = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)
         v = rng.standard_normal((first + 1, n_kv * head_dim)).astype(np.float32)
         pos = np.arange(first + 1, dtype=np.int32).reshape(-1, 1)
-        meta = dict(n_head=n_head, n_head_kv=n_kv, head_dim=head_dim, kv_type="f16", n_ctx=1024,
+        meta = dict(n_head=n_head, n_head_kv=n_kv, head_dim=head_dim, kv_type="f16",
+                    n_ctx=8448 if kernel == "auto" else 1024,  # the tensor-core kernel's caches: > 8,192
                     attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
         nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=first + 1, cols=1, meta=meta),
                  dict(op="Attn", inputs=[0, 4, 5], rows=1, cols=n_head * head_dim, meta=meta)]
@@ -683,8 +580,8 @@ print("done")
 
 # A batch step's kernels: two ragged steps of the tiny Q8_0 model (its products on the bf16 and int8 tensor
 # cores, the paged attention, the rows picked for the logits), the bf16 and int8 products of the real layouts'
-# types (split K, rows past N and M), and the paged decode attention of the real head sizes, a block per query
-# head and per KV head.
+# types (split K, rows past N and M), and the paged decode attention of the real head sizes: the tensor-core
+# kernel, and the warp kernels with a block per query head and per KV head.
 BATCH = r'''
 import sys, numpy as np
 import minfer._minfer as M
@@ -704,7 +601,8 @@ for t, bv, bb, n, k in ((12, 256, 144, 1003, 2048), (14, 256, 210, 77, 3584), (8
         assert np.all(np.isfinite(y))
 s = M.Session(M.Model(sys.argv[1]), threads=2, n_ctx=64, device="cuda")
 for head_dim in (128, 64):
-    for group in ("1", "all"):
+    for kernel, group in (("auto", "auto"), ("warp", "1"), ("warp", "all")):
+        M.force_kernel("cuda.attention", kernel)
         M.force_kernel("cuda.attention_group", group)
         n_head, n_kv, n = 8, 2, 70
         meta = dict(n_head=n_head, n_head_kv=n_kv, head_dim=head_dim, kv_type="f16", n_ctx=256,

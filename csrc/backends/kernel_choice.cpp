@@ -26,7 +26,9 @@ const std::vector<KernelChoiceSpec> kChoices = {
     {"cuda.norm_pdl", "release|wait|wait-attn|wait-ffn",
      "whether decode's add + norm lets the next kernel start before its own wait: always, never, or never "
      "before the attention's / the FFN's projections only"},
-    {"cuda.attention", "general", "decode attention through the general kernel"},
+    {"cuda.attention", "general|warp",
+     "decode attention through the general kernel, or the warp kernels (a block per query head) where the "
+     "tensor-core kernel for a KV head's query heads would run"},
     {"cuda.attention_merge", "cluster|combine", "decode attention's splits merged by a block cluster or a second launch"},
     {"cuda.batch_matmul", "matvec|int8|bf16|f16",
      "a batch step's products (2-64 rows): the 8-bit matvec streaming each weight once for two rows, int8 "

@@ -6,17 +6,19 @@
 // a combine kernel merges (flash decoding); the split count depends only on
 // n_ctx, so a captured decode graph stays valid as the cache fills: blocks
 // whose chunks lie past the row's position write an empty partial.  Over an
-// f16 cache the splits of a head can instead be one thread-block cluster that
-// merges them in distributed shared memory (attention_decode_f16_cl; the rule
-// is cluster_merge_splits).  Prefill rows use one block each (there are rows x
-// heads blocks already).
+// f16 cache a KV head's 2-8 query heads are one block on the tensor cores
+// (attention_decode_tc.cuh: each K/V row read once a KV head); otherwise a
+// block per query head, whose splits can instead be one thread-block cluster
+// that merges them in distributed shared memory (attention_decode_f16_cl; the
+// rule is cluster_merge_splits).  The general kernel's prefill rows use one
+// block each (there are rows x heads blocks already).
 //
 // Prefill over an f16 cache (the default) runs on the tensor cores instead
 // (attention_prefill.cuh): 64 query rows of one head a block, scores,
 // probabilities and output in registers, keys in tiles of 64.
 //
 // Positions are read on the device, never from the host: the same launch
-// serves every step.  Reference: the reference backend's attention; tests/test_cuda.py
+// serves every step.  Reference: the reference backend's attention; tests/test_cuda_attention.py
 // (test_kvstore_attention, test_decode_attention_*).
 #include "backends/cuda/common.cuh"
 #include "backends/kernel_choice.h"
@@ -33,6 +35,7 @@ constexpr int kClusterSplits = 8;  // blocks a cluster of the decode merge (the 
 // Prefill's warps a block (16 query rows each): 8 warps (128 rows, K/V tiles read once for twice the rows)
 // measured no faster at 16k-32k positions, and slower on the 1.5B and 7B layouts.
 constexpr int kPrefillWarps = 4;
+constexpr int kTcMinContext = 8192;  // one sequence's decode: the tensor-core kernel above this n_ctx
 
 __device__ __forceinline__ float kv_at(uint32_t kv_type, const uint8_t* base, int64_t j, int dim, int col) {
     if (kv_type == GGML_TYPE_F16) return __half2float(((const __half*)base)[j * dim + col]);
@@ -68,6 +71,7 @@ __device__ __forceinline__ void kv_load8(uint32_t kv_type, const uint8_t* base, 
 #include "backends/cuda/attention_split.cuh"
 #include "backends/cuda/attention_decode.cuh"
 #include "backends/cuda/attention_prefill.cuh"
+#include "backends/cuda/attention_decode_tc.cuh"
 
 }  // namespace
 
@@ -82,9 +86,22 @@ static void check_splits(const AttnShape& a, int S) {
         throw MinferError(strfmt("CUDA attention: a context of %d positions (at most %d)", a.n_ctx, 12288 * kChunk));
 }
 
-// Decode over an f16 cache takes the warp-split kernels; the kernel choice cuda.attention=general forces the
+// Decode over an f16 cache takes the tensor-core group kernel where a KV head has 2-8 query heads, else the
+// warp kernels (a block per query head); the kernel choice cuda.attention forces the warp kernels or the
 // general one (tests compare them).
 bool decode_f16_kernel_on() { return forced_kernel("cuda.attention") != "general"; }
+
+static bool decode_tc_on(const AttnShape& a) {
+    const int G = a.n_head / a.n_head_kv;
+    return a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0 && G >= 2 &&
+           G <= kTcGroup && forced_kernel("cuda.attention").empty();
+}
+
+template <typename... Args>
+static void launch_decode_tc(const AttnShape& a, dim3 grid, cudaStream_t s, Args... args) {
+    launch("attention_decode_tc", a.head_dim == 64 ? attention_decode_tc<64> : attention_decode_tc<128>, grid,
+           dim3(kThreads), 0, s, a, args...);
+}
 
 // The blocks a head of the cluster merge (attention_decode_f16_cl), or 0 for the split grid and the combine.
 // The cluster merge takes decode where each of its blocks walks one chunk (S <= 8: the split grid's
@@ -121,9 +138,20 @@ bool attention_uses_tensor_cores(const AttnShape& a) {
     return a.rows >= 16 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
 }
 
+// The tensor-core decode's splits: a chunk of 128 positions each up to the cache's size, at most what keeps two
+// blocks an SM busy (rows x KV heads x splits), so that at long contexts each block walks several chunks and
+// overlaps their loads; a batch of many rows has one split (no combine).  Depends on the shape only: a
+// captured graph serves every position.
+static int decode_tc_splits(const AttnShape& a) {
+    const int64_t steps = (a.n_ctx + kChunk - 1) / kChunk;
+    const int64_t fill = std::max<int64_t>(1, 2 * int64_t(sm_count()) / (int64_t(a.rows) * a.n_head_kv));
+    return int(std::min(steps, fill));
+}
+
 int attention_splits(const AttnShape& a) {
     if (attention_uses_tensor_cores(a)) return 1;
-    return a.rows == 1 ? (a.n_ctx + kChunk - 1) / kChunk : 1;
+    if (a.rows != 1) return 1;
+    return a.n_ctx > kTcMinContext && decode_tc_on(a) ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;
 }
 
 size_t attention_scratch_floats(const AttnShape& a) {
@@ -144,14 +172,20 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     const int S = attention_splits(a);
     check_splits(a, S);
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
-    const unsigned C = fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
-    if (C) {  // one cluster of C splits a head, merging in distributed shared memory
+    // One sequence's decode takes the tensor-core kernel in caches of more than 8,192 positions: it streams a
+    // deep context at 1.5-1.8x the warp kernels' rate, but with a block per KV head it has fewer blocks than
+    // they do at shallow depths (6-9 % slower at depth 512); the split count, and so the kernel, follows n_ctx.
+    const bool tc = a.rows == 1 && a.n_ctx > kTcMinContext && decode_tc_on(a);
+    const unsigned C = !tc && fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
+    if (tc) {
+        launch_decode_tc(a, dim3(unsigned(a.n_head_kv), 1u, unsigned(S)), s, q, pos, (const __half*)K,
+                         (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0));
+    } else if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
                            dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
                            (const __half*)V, out, err, q8);
         return;
-    }
-    if (fast && decode_f16_kernel_on()) {
+    } else if (fast && decode_f16_kernel_on()) {
         launch("attention_decode", a.head_dim == 64 ? attention_decode_f16<64> : attention_decode_f16<128>,
                dim3(unsigned(a.n_head), 1u, unsigned(S)), dim3(kThreads), 0, s, a, q, pos, (const __half*)K,
                (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), 1);
@@ -177,7 +211,7 @@ int paged_head_group(const AttnShape& a, int S) {
 }
 
 size_t attention_paged_scratch_floats(const AttnShape& a) {
-    const int S = (a.n_ctx + kChunk - 1) / kChunk;
+    const int S = std::max((a.n_ctx + kChunk - 1) / kChunk, decode_tc_on(a) ? decode_tc_splits(a) : 1);
     return S > 1 ? size_t(a.rows) * size_t(a.n_head) * size_t(S) * size_t(a.head_dim + 2) : 0;
 }
 
@@ -185,6 +219,15 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
                      cudaStream_t s) {
     check_heads(a);
+    if (pages.block_size % 16 == 0 && decode_tc_on(a)) {  // a warp's 16 positions in one pool block
+        const int S = decode_tc_splits(a);
+        launch_decode_tc(a, dim3(unsigned(a.n_head_kv), unsigned(a.rows), unsigned(S)), s, q, pos, (const __half*)K,
+                         (const __half*)V, out, scratch, err, pages, ldq, ldo);
+        if (S > 1)
+            launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
+                   size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, Q8Act{});
+        return;
+    }
     const int S = (a.n_ctx + kChunk - 1) / kChunk;  // splits past a row's position exit at once
     check_splits(a, S);
     const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));

@@ -1,6 +1,6 @@
 // Decode attention over an f16 cache: a warp reads K and V rows coalesced (16-byte loads), the splits of a
 // head merged by the combine kernel (attention_decode_f16) or inside one thread-block cluster through
-// distributed shared memory (attention_decode_f16_cl).  Reference: tests/test_cuda.py
+// distributed shared memory (attention_decode_f16_cl).  Reference: tests/test_cuda_attention.py
 // (test_decode_attention_kernels_agree, test_decode_attention_cluster_merge; the sanitizer's attention case).
 #pragma once
 // Included once, by attention.cu, inside its anonymous namespace (one translation unit: the constants and

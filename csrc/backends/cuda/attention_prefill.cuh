@@ -4,7 +4,7 @@
 // mma.sync m16n8k16 (f16 in, f32 out), masks and exponentiates them in f32 with a running max and sum, turns
 // the accumulators into the f16 A operand of O += P V in place, and rescales its O accumulators row by row.
 // Key tiles past a warp's last row are skipped; only tiles that cross a row's position are masked.
-// Reference: tests/test_cuda.py (test_kvstore_attention, test_long_prefill_attention: the float64 forward).
+// Reference: tests/test_cuda_attention.py (test_kvstore_attention, test_long_prefill_attention: the float64 forward).
 #pragma once
 // Included once, by attention.cu, inside its anonymous namespace.
 

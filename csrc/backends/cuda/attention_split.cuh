@@ -1,5 +1,5 @@
 // The general attention kernel (any KV type, any rows, the KV length split over blocks) and the combine
-// kernel that merges the splits' partials (flash decoding).  Reference: tests/test_cuda.py
+// kernel that merges the splits' partials (flash decoding).  Reference: tests/test_cuda_attention.py
 // (test_kvstore_attention, test_decode_attention_kernels_agree: against the reference backend).
 #pragma once
 // Included once, by attention.cu, inside its anonymous namespace (one translation unit: the constants and
