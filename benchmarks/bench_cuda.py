@@ -160,6 +160,13 @@ def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
             ts.append(time.perf_counter() - t)
         r[f"tg@{n}"] = 64 / statistics.median(ts[1:])
         r[f"gbps@{n}"] = decode_bytes(model, path, depth + 32) * r[f"tg@{n}"] / 1e9
+    for depth in (512, 4096):  # shallow decode in the same long cache (its kernels follow n_ctx, not depth)
+        ts = []
+        for rep in range(reps + 1):
+            t = time.perf_counter()
+            s.decode_greedy(1, depth, 64)
+            ts.append(time.perf_counter() - t)
+        r[f"tg@{depth}"] = 64 / statistics.median(ts[1:])
     if binary:
         pp = run_llama_bench(binary, path, reps, "-p", "16384,32768", "-n", "0")
         tg = run_llama_bench(binary, path, reps, "-p", "0", "-n", "64", "-d", "16384,32768")
@@ -168,7 +175,8 @@ def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
     print(f"{name} long context: " + "  ".join(
         f"{k} {r[k]:.0f} tok/s" + (f" ({r[k] / l[k]:.2f}x llama.cpp)" if k in l else "") +
         (f", {r['gbps@' + k[3:]]:.0f} GB/s = {100 * r['gbps@' + k[3:]] / copy_gbps:.0f}% of copy" if k.startswith("tg") else "")
-        for k in ("pp16384", "pp32768", "tg@16384", "tg@32768")))
+        for k in ("pp16384", "pp32768", "tg@16384", "tg@32768")) +
+        f"  (the same cache at depth 512 / 4096: {r['tg@512']:.0f} / {r['tg@4096']:.0f} tok/s)")
     return r
 
 
@@ -225,8 +233,13 @@ def main() -> None:
     ap.add_argument("--decode-only", action="store_true", help="only tg@512 and tg@4096 (A/B runs)")
     ap.add_argument("--llama-bench", default="", help="llama.cpp's llama-bench, run on the same files for the ratios")
     ap.add_argument("--long", action="store_true", help="16k and 32k prefill and decode (long_context) instead")
+    ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
+                    help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     a = ap.parse_args()
     import minfer._minfer as M
+
+    for kv in a.kernel:
+        M.force_kernel(*kv.split("=", 1))
 
     info = M.cuda_info()
     if not info["available"]:
