@@ -13,8 +13,9 @@
 //
 // The block's four warps take chunks of 128 positions (two tiles of 16 each); split z walks chunks z, z + S,
 // z + 2S, ..., one tile in flight while the warp computes the one before (two at the start), so a block
-// streams its share of the cache instead of loading it all and then computing.  The four warps merge their (max, sum, O) in shared memory; splits
-// are merged by the combine kernel (partials of the warp kernels' form: max in natural-log units).
+// streams its share of the cache instead of loading it all and then computing.  The four warps merge their
+// (max, sum, O) in shared memory; splits are merged by the combine kernel (partials of the warp kernels'
+// form: max in natural-log units).
 #pragma once
 // Included once, by attention.cu, inside its anonymous namespace, after attention_prefill.cuh (mma_f16,
 // pack_f16).
