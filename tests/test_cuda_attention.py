@@ -10,7 +10,7 @@ import pytest
 
 from attention_ref import causal_attention_f64, f16_attention_bound
 from backend_compare import close, run_both
-from cuda_cases import M, q15, _gpu  # noqa: F401 (fixtures)
+from cuda_cases import q15, _gpu  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.gpu
 
