@@ -148,10 +148,20 @@ static int decode_tc_splits(const AttnShape& a) {
     return int(std::min(steps, fill));
 }
 
+// One sequence's decode takes the tensor-core kernel in caches of more than 8,192 positions: it streams a deep
+// context at 1.5-1.8x the warp kernels' rate, but with a block per KV head it has fewer blocks than they do at
+// shallow depths (6-9 % slower at depth 512); the split count, and so the kernel, follows n_ctx.
+static bool one_row_tc(const AttnShape& a) { return a.rows == 1 && a.n_ctx > kTcMinContext && decode_tc_on(a); }
+
 int attention_splits(const AttnShape& a) {
-    if (attention_uses_tensor_cores(a)) return 1;
-    if (a.rows != 1) return 1;
-    return a.n_ctx > kTcMinContext && decode_tc_on(a) ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;
+    if (attention_uses_tensor_cores(a) || a.rows != 1) return 1;
+    return one_row_tc(a) ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;
+}
+
+static void launch_combine(const AttnShape& a, int S, const int32_t* pos, const float* scratch, float* out,
+                           int64_t ldo, Q8Act q8, cudaStream_t s) {
+    launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
+           size_t(S) * sizeof(float), s, a, S, pos, scratch, out, ldo, q8);
 }
 
 size_t attention_scratch_floats(const AttnShape& a) {
@@ -172,10 +182,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     const int S = attention_splits(a);
     check_splits(a, S);
     const bool fast = a.rows == 1 && a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && a.window == 0;
-    // One sequence's decode takes the tensor-core kernel in caches of more than 8,192 positions: it streams a
-    // deep context at 1.5-1.8x the warp kernels' rate, but with a block per KV head it has fewer blocks than
-    // they do at shallow depths (6-9 % slower at depth 512); the split count, and so the kernel, follows n_ctx.
-    const bool tc = a.rows == 1 && a.n_ctx > kTcMinContext && decode_tc_on(a);
+    const bool tc = one_row_tc(a);
     const unsigned C = !tc && fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (tc) {
         launch_decode_tc(a, dim3(unsigned(a.n_head_kv), 1u, unsigned(S)), s, q, pos, (const __half*)K,
@@ -193,9 +200,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
         launch("attention", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s,
                a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, KvPages{});
     }
-    if (S > 1)
-        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
-               size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, q8);
+    if (S > 1) launch_combine(a, S, pos, scratch, out, ldo, q8, s);
 }
 
 // How many query heads of one KV head a paged decode block attends (attention_decode_f16's group): all of
@@ -219,20 +224,14 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
                      cudaStream_t s) {
     check_heads(a);
-    if (pages.block_size % 16 == 0 && decode_tc_on(a)) {  // a warp's 16 positions in one pool block
-        const int S = decode_tc_splits(a);
+    const bool tc = pages.block_size % 16 == 0 && decode_tc_on(a);  // a warp's 16 positions in one pool block
+    // splits past a row's position exit at once
+    const int S = tc ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;
+    check_splits(a, S);
+    if (tc) {
         launch_decode_tc(a, dim3(unsigned(a.n_head_kv), unsigned(a.rows), unsigned(S)), s, q, pos, (const __half*)K,
                          (const __half*)V, out, scratch, err, pages, ldq, ldo);
-        if (S > 1)
-            launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
-                   size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, Q8Act{});
-        return;
-    }
-    const int S = (a.n_ctx + kChunk - 1) / kChunk;  // splits past a row's position exit at once
-    check_splits(a, S);
-    const dim3 grid(unsigned(a.n_head), unsigned(a.rows), unsigned(S));
-    // f16 rows of 64 or 128 in blocks of whole warps' 32 positions: the decode kernel's coalesced warps, a row each
-    if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
+    } else if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
         a.window == 0 && decode_f16_kernel_on()) {
         const int group = paged_head_group(a, S);
         auto kernel = group > 1 ? (a.head_dim == 64 ? attention_decode_f16<64, true> : attention_decode_f16<128, true>)
@@ -240,11 +239,9 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
         launch("attention_paged", kernel, dim3(unsigned(a.n_head / group), unsigned(a.rows), unsigned(S)), dim3(kThreads), 0, s, a, q, pos,
                (const __half*)K, (const __half*)V, out, scratch, err, pages, ldq, ldo, group);
     } else
-        launch("attention_paged", attention_kernel, grid, dim3(kThreads), 0, s, a, q, ldq, pos, (const uint8_t*)K,
-               (const uint8_t*)V, out, ldo, scratch, err, pages);
-    if (S > 1)
-        launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
-               size_t(S) * sizeof(float), s, a, S, pos, (const float*)scratch, out, ldo, Q8Act{});
+        launch("attention_paged", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)),
+               dim3(kThreads), 0, s, a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, pages);
+    if (S > 1) launch_combine(a, S, pos, scratch, out, ldo, Q8Act{}, s);
 }
 
 }  // namespace minfer::cuda
