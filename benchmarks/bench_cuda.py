@@ -144,29 +144,22 @@ def long_context(name: str, reps: int, binary: str, copy_gbps: float) -> dict:
     rng = np.random.default_rng(0)
     V = model.config["n_vocab"]
     r = {}
+    def seconds(run) -> float:  # median of reps runs after a warm-up
+        ts = []
+        for _ in range(reps + 1):
+            t = time.perf_counter()
+            run()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts[1:])
+
     for n in (16384, 32768):
         prompt = rng.integers(0, V, n).astype(np.int32)
-        ts = []
-        for rep in range(reps + 1):  # the first is the warm-up
-            t = time.perf_counter()
-            s.eval(prompt, 0)
-            ts.append(time.perf_counter() - t)
-        r[f"pp{n}"] = n / statistics.median(ts[1:])
+        r[f"pp{n}"] = n / seconds(lambda: s.eval(prompt, 0))
         depth = min(n, n_ctx - 64)
-        ts = []
-        for rep in range(reps + 1):
-            t = time.perf_counter()
-            s.decode_greedy(1, depth, 64)
-            ts.append(time.perf_counter() - t)
-        r[f"tg@{n}"] = 64 / statistics.median(ts[1:])
+        r[f"tg@{n}"] = 64 / seconds(lambda: s.decode_greedy(1, depth, 64))
         r[f"gbps@{n}"] = decode_bytes(model, path, depth + 32) * r[f"tg@{n}"] / 1e9
     for depth in (512, 4096):  # shallow decode in the same long cache (its kernels follow n_ctx, not depth)
-        ts = []
-        for rep in range(reps + 1):
-            t = time.perf_counter()
-            s.decode_greedy(1, depth, 64)
-            ts.append(time.perf_counter() - t)
-        r[f"tg@{depth}"] = 64 / statistics.median(ts[1:])
+        r[f"tg@{depth}"] = 64 / seconds(lambda: s.decode_greedy(1, depth, 64))
     if binary:
         pp = run_llama_bench(binary, path, reps, "-p", "16384,32768", "-n", "0")
         tg = run_llama_bench(binary, path, reps, "-p", "0", "-n", "64", "-d", "16384,32768")
