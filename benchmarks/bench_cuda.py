@@ -190,12 +190,14 @@ def kernels() -> None:
             for path in ("f32", "q8"):
                 _, sec = M.cuda_matmul(t, w, x, n, 50, path=path)
                 print(f"matvec {path:3} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
-        for rows in (2, 4, 8, 16, 32, 64):  # a batch's decode step: int8 tensor cores (gemm_q8), else gemm_q
+        for rows in (2, 4, 8, 16, 32, 64):  # a batch's decode step: int8 / bf16 tensor cores, else gemm_q
             x = rng.standard_normal((rows, k)).astype(np.float32)
-            path = "mma" if t in (8, 12, 14) else "gemm"
-            _, sec = M.cuda_matmul(t, w, x, n, 20, path=path)
-            print(f"{path:6} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s  "
-                  f"{2 * rows * n * k / sec / 1e12:6.1f} TOP/s")
+            paths = ["mma", "bf16"] + (["stream"] if t in (12, 14) and rows <= 16 else []) if t in (8, 12, 14) \
+                else ["gemm"]
+            for path in paths:
+                _, sec = M.cuda_matmul(t, w, x, n, 20, path=path)
+                print(f"{path:6} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s  "
+                      f"{2 * rows * n * k / sec / 1e12:6.1f} TOP/s")
         if n < 100000:
             x = rng.standard_normal((2048, k)).astype(np.float32)
             _, sec = M.cuda_matmul(t, w, x, n, 5, path="gemm")

@@ -119,6 +119,36 @@ def test_cuda_batch_products_by_rows(force):
 
 
 @pytest.mark.gpu
+def test_cuda_batch_products_stream_by_rows(force):
+    """The 1.5B layout's Q4_K/Q6_K products at 9-16 rows take the bf16 product fed from registers (the rule gives
+    the forced kernel's bits; the shared-memory stages' and int8's differ; 8 and 17 rows take int8 and bf16), and
+    a sequence's logits in a batch of 5 with the kernel forced are the bits of its row in a batch of 16 (the
+    streamed product computes a row the same at every row count).  Weights it lacks (Q8_0) with the kernel
+    forced: an error naming it."""
+    require_cuda()
+
+    def step(model, n, choice):
+        force("cuda.batch_matmul", choice)
+        runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=2048, block_size=32, device="cuda")
+        tables = np.zeros((n, runner.max_blocks), np.int32)
+        tables[:, 0] = np.arange(n)
+        return runner.step(np.arange(100, 100 + n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, np.int32), tables)
+
+    model = _minfer.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
+    for n in (9, 16):
+        auto = step(model, n, "auto")
+        assert np.isfinite(auto).all(), n
+        assert np.array_equal(auto, step(model, n, "stream")), n
+        for other in ("int8", "bf16"):
+            assert not np.array_equal(auto, step(model, n, other)), (n, other)
+    assert np.array_equal(step(model, 5, "stream"), auto[:5])
+    for n, rule in ((8, "int8"), (17, "bf16")):
+        assert np.array_equal(step(model, n, "auto"), step(model, n, rule)), n
+    with pytest.raises(minfer.MinferError, match="cuda.batch_matmul=stream"):
+        step(_minfer.Model(str(synthetic_model("qwen2-tiny-q8_0"))), 4, "stream")
+
+
+@pytest.mark.gpu
 def test_cuda_two_sequences_are_each_alone(force):
     """A CUDA batch of two sequences (the 1.5B layout: Q4_K/Q6_K products on the matvec's two-row kernel) gives
     each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows): the

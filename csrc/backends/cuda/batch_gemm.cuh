@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "quant/types.h"
 
 namespace minfer::cuda {
 

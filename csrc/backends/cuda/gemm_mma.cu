@@ -5,27 +5,20 @@
 // stages, each one slice of K (256 values: a K-quant super-block a row; 128 for Q8_0): the weights' raw bytes and
 // the activations' bf16, each row one bulk copy by the copy engine counted on the stage's mbarrier (a thread a
 // row).  For each 32-value unit of the slice a warp decodes its rows' quants straight from shared memory into
-// bf16 mma fragments with their scales applied (no dequantized copy anywhere; the magic-number conversion, no
-// integer-to-float instruction) and multiplies them with every activation row by two mma.sync m16n8k16 (bf16 x
-// bf16 -> f32).  The sums need no per-unit scaling: a unit's scales are in the weights, so the tensor cores'
+// bf16 mma fragments with their scales applied (mma_weights.cuh; no dequantized copy anywhere; the magic-number
+// conversion, no integer-to-float instruction) and multiplies them with every activation row by two mma.sync
+// m16n8k16 (bf16 x bf16 -> f32).  The sums need no per-unit scaling: a unit's scales are in the weights, so the tensor cores'
 // f32 accumulators carry the whole row (integer products scaled per unit cost more instructions than the
 // products themselves).  The weights of the first stages are requested before the kernel waits for the one before
 // it (programmatic dependent launch).  K is split over blocks (partials summed in order by gemm_reduce) where the
 // weight rows alone leave waves half empty.
 //
-// The mma's k order within a unit is permuted so that a lane's fragments are contiguous bytes: lane t (of a
-// row's four) takes values 8t..8t+7 of each unit, the first mma (8t, 8t+2 | 8t+1, 8t+3), the second
-// (8t+4, 8t+6 | 8t+5, 8t+7); mma_act stores x in that order (each 8 values as 0 2 1 3 4 6 5 7), so one 16-byte
-// load gives a lane both mmas' activation fragments.
-//
 // Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the mma path, with the
 // bound of rounding x and the weights' scaled quants to bf16).
-#include <cuda_bf16.h>
-
+#include "backends/cuda/batch_gemm.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
-#include "backends/cuda/matvec_q8_chunks.cuh"
-#include "backends/cuda/batch_gemm.cuh"
+#include "backends/cuda/mma_weights.cuh"
 
 namespace minfer::cuda {
 
@@ -33,39 +26,7 @@ namespace {
 
 constexpr int kWRows = 64, kThreads = 2 * kWRows;  // a thread a weight row and one an activation row copy
 
-// c += a (16 x 16, rows) b (16 x 8, columns) in bf16, f32 sums.  Fragments (g = lane / 4, t = lane % 4): a0 row g,
-// k 2t, 2t + 1; a1 row g + 8; a2, a3 the same at k + 8; b0 k 2t, 2t + 1 of column g, b1 k + 8; c0, c1 row g,
-// columns 2t, 2t + 1, c2, c3 row g + 8.
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                         uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-                 "{%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *(const uint2*)p; }
-__device__ __forceinline__ uint32_t as_u32(__nv_bfloat162 v) { return *(uint32_t*)&v; }
-__device__ __forceinline__ __nv_bfloat162 as_bf2(uint32_t v) { return *(__nv_bfloat162*)&v; }
-__device__ __forceinline__ __nv_bfloat162 bf2(float v) { return __float2bfloat162_rn(v); }
-
-// Bytes 0 and 2 (lo) and 1 and 3 (hi) of w, each below 128, as bf16 pairs 128 + byte: the bf16 of 128 has its
-// lowest mantissa bit worth 1, so or-ing a 7-bit integer into it adds that integer exactly.
-__device__ __forceinline__ void bf16_pairs_128(uint32_t w, uint32_t mask, uint32_t& lo, uint32_t& hi) {
-    lo = (w & mask) | 0x43004300u;
-    hi = ((w >> 8) & mask) | 0x43004300u;
-}
-
-// A unit's fragments of one weight row: f[0], f[1] the first mma's (k 2t.. | 2t + 8..), f[2], f[3] the second's.
-struct Frag { uint32_t f[4]; };
-
-// (q - off) * s + m over the four pairs of 128 + q.
-__device__ __forceinline__ Frag scaled(const uint32_t (&p)[4], __nv_bfloat162 off, __nv_bfloat162 s, __nv_bfloat162 m) {
-    Frag r;
-#pragma unroll
-    for (int i = 0; i < 4; i++) r.f[i] = as_u32(__hfma2(__hsub2(as_bf2(p[i]), off), s, m));
-    return r;
-}
 
 // Per weight type: the slice (values), a row-slice's bytes, the stage's row stride (32 mod 128 bytes or its
 // negative: the 16 lanes of a 64-bit load phase touch four rows on distinct banks; room for the slice at any
@@ -74,21 +35,12 @@ template <int T> struct MmaW;
 
 template <> struct MmaW<GGML_TYPE_Q4_K> {
     static constexpr int kSlice = 256, kBytes = 144, kStride = 160;
-    struct Hdr { float d, dmin; uint32_t s0, s1, s2; };
+    using Hdr = Q4kHdr;
     static __device__ __forceinline__ Hdr hdr(const uint8_t* p, int64_t) {
-        const uint32_t dm = lds32(p);
-        return Hdr{h2f(dm), h2f(dm >> 16), lds32(p + 4), lds32(p + 8), lds32(p + 12)};
+        return q4k_hdr(lds32(p), lds32(p + 4), lds32(p + 8), lds32(p + 12));
     }
     static __device__ __forceinline__ Frag unit(const uint8_t* p, const Hdr& h, int j, int t) {
-        uint32_t scw, mnw;
-        k_scale_min_words(h.s0, h.s1, h.s2, j < 4, scw, mnw);
-        const int sh = 8 * (j % 4);
-        const uint2 q = lds64(p + 16 + 32 * (j / 2) + 8 * t);  // values 8t..8t+7, nibble j % 2
-        const int n = 4 * (j % 2);
-        uint32_t v[4];
-        bf16_pairs_128(q.x >> n, 0x000f000fu, v[0], v[1]);
-        bf16_pairs_128(q.y >> n, 0x000f000fu, v[2], v[3]);
-        return scaled(v, bf2(128.0f), bf2(h.d * float((scw >> sh) & 0xff)), bf2(-h.dmin * float((mnw >> sh) & 0xff)));
+        return q4k_unit(lds64(p + 16 + 32 * (j / 2) + 8 * t), h, j);
     }
 };
 
@@ -99,21 +51,10 @@ template <> struct MmaW<GGML_TYPE_Q6_K> {  // the device layout (q6k_layout.cuh)
         const int pre = q6k_pre(blk);
         return Hdr{pre, f16_at(p + q6k_d(pre))};
     }
-    // Unit j is sub-block j % 2 of chunk g = j / 2: ql' byte l's nibble j % 2 holds its value l; qh' byte l holds
-    // the top bits of the chunk's values l, l + 16, 32 + l, 48 + l; one int8 scale a 16 values.
     static __device__ __forceinline__ Frag unit(const uint8_t* p, const Hdr& h, int j, int t) {
-        const int g = j / 2, n = 4 * (j % 2);
-        const uint2 ql = lds64(p + h.pre + 32 * g + 8 * t);
-        const uint2 qh = lds64(p + h.pre + 128 + 16 * g + 8 * (t & 1));
-        const int hs = 2 * (t >> 1) + n;
-        const uint32_t w0 = ((ql.x >> n) & 0x0f0f0f0fu) | (((qh.x >> hs) & 0x03030303u) << 4);
-        const uint32_t w1 = ((ql.y >> n) & 0x0f0f0f0fu) | (((qh.y >> hs) & 0x03030303u) << 4);
-        const uint32_t scw = lds32(p + q6k_sc(g, h.pre));
-        const int sc = int(int8_t((scw >> (8 * (2 * (j % 2) + (t >> 1)))) & 0xff));
-        uint32_t v[4];
-        bf16_pairs_128(w0, 0x003f003fu, v[0], v[1]);
-        bf16_pairs_128(w1, 0x003f003fu, v[2], v[3]);
-        return scaled(v, bf2(160.0f), bf2(h.d * float(sc)), bf2(0.0f));
+        const int g = j / 2;
+        return q6k_unit(lds64(p + h.pre + 32 * g + 8 * t), lds64(p + h.pre + 128 + 16 * g + 8 * (t & 1)),
+                        lds32(p + q6k_sc(g, h.pre)), h.d, j, t);
     }
 };
 
