@@ -94,13 +94,10 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {
-        if (how == "bf16") {
+        if (how == "bf16" || how == "stream") {
             cuda::mma_act((const float*)dx.p, K, rows, K, xh.p, s);
-            cuda::gemm_mma(type, xh.p, rows, K, (const uint8_t*)dw.p, N, (float*)dy.p, N, nullptr, (float*)part.p, s);
-        } else if (how == "stream") {
-            cuda::mma_act((const float*)dx.p, K, rows, K, xh.p, s);
-            cuda::gemm_stream(type, xh.p, rows, K, (const uint8_t*)dw.p, N, (float*)dy.p, N, nullptr, (float*)part.p,
-                              s);
+            (how == "bf16" ? cuda::gemm_mma : cuda::gemm_stream)(type, xh.p, rows, K, (const uint8_t*)dw.p, N,
+                                                                 (float*)dy.p, N, nullptr, (float*)part.p, s);
         } else if (how == "mma") {
             const cuda::Q8Act q8 = cuda::q8_act(xq.p, rows, K);
             cuda::quantize_q8((const float*)dx.p, K, rows, K, q8, s);

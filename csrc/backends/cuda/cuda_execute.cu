@@ -45,8 +45,8 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     // registers (gemm_stream: weights loaded slices ahead, no barrier), where two tiles of 8 rows still leave the
     // product a stream of weight bytes; from kGemmMmaMinRows the bf16 product on shared-memory stages (gemm_mma),
     // whose stages amortize more activation rows; else int8 on 8-bit activations (gemm_q8), whose lighter
-    // decode streams faster.  cuda.batch_matmul
-    // forces one, or f16 (gemm_q); a forced kernel these weights lack is an error.
+    // decode streams faster.  cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is
+    // an error.
     const std::string choice = forced_kernel("cuda.batch_matmul");
     auto all_parts = [&](bool (*fits)(uint32_t, int64_t, int64_t)) {
         for (const Proj& p : parts)
@@ -67,21 +67,14 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
          (choice == "stream" && !stream)))
         throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
                                  node.name.c_str(), choice.c_str(), rows));
-    if (stream) {
+    if (stream || bf16) {  // both take x in bf16, laid out by mma_act
         void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
         cuda::mma_act(x, ldx, rows, K, xb, stream_);
-        return each_part([&](const Proj& p) { return cuda::gemm_stream_splits(p.w->type, rows, p.n_out, K); },
+        const auto splits = stream ? cuda::gemm_stream_splits : cuda::gemm_mma_splits;
+        const auto product = stream ? cuda::gemm_stream : cuda::gemm_mma;
+        return each_part([&](const Proj& p) { return splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
-                             cuda::gemm_stream(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial,
-                                               stream_);
-                         });
-    }
-    if (bf16) {
-        void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
-        cuda::mma_act(x, ldx, rows, K, xb, stream_);
-        return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
-                         [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
-                             cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
+                             product(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
                          });
     }
     if (mma) {

@@ -43,7 +43,7 @@ template <> struct StreamW<GGML_TYPE_Q4_K> {
 #pragma unroll
         for (int g = 0; g < 4; g++) r.q[g] = ldg64(p + 16 + 32 * g + 8 * t);
     }
-    static __device__ __forceinline__ Frag unit(const Raw& r, int j, int, int64_t) {
+    static __device__ __forceinline__ Frag unit(const Raw& r, int j, int) {
         return q4k_unit(r.q[j / 2], q4k_hdr(r.hdr.x, r.hdr.y, r.hdr.z, r.hdr.w), j);
     }
 };
@@ -62,7 +62,7 @@ template <> struct StreamW<GGML_TYPE_Q6_K> {  // the device layout (q6k_layout.c
         }
         r.d = __ldg((const unsigned short*)(p + q6k_d(pre)));
     }
-    static __device__ __forceinline__ Frag unit(const Raw& r, int j, int t, int64_t) {
+    static __device__ __forceinline__ Frag unit(const Raw& r, int j, int t) {
         return q6k_unit(r.ql[j / 2], r.qh[j / 2], r.sc[j / 2], h2f(r.d), j, t);
     }
 };
@@ -108,7 +108,7 @@ __global__ void __launch_bounds__(32 * kWarps) gemm_stream_kernel(const __nv_bfl
             if (s >= steps) break;
 #pragma unroll
             for (int j = 0; j < kUnits; j++) {
-                const Frag a = WT::unit(ring[d][0], j, t4, sl), b = WT::unit(ring[d][1], j, t4, sl);
+                const Frag a = WT::unit(ring[d][0], j, t4), b = WT::unit(ring[d][1], j, t4);
 #pragma unroll
                 for (int n = 0; n < NT; n++) {
                     const uint4 xb = __ldg((const uint4*)(xr[n] + sl * WT::kSlice + 32 * j));
