@@ -220,27 +220,6 @@ def test_attention_at_long_context(q15, rng, n_ctx):
     close(out, ref, 1e-5)
 
 
-@pytest.mark.parametrize("n", [1, 20], ids=["decode", "prefill"])
-def test_attention_does_not_depend_on_how_tasks_are_cut(q15, rng, n):
-    """With fewer (kv head, row block) tasks than threads, a task takes part of a KV head's query heads
-    (here 8 threads, 2 KV heads, 1 or 2 row blocks: parts of each group of 6); with one thread, one task
-    per KV head and row block.  Each (row, head) runs the same arithmetic either way: the same bits (and
-    every output is written: the buffers start poisoned)."""
-    m, _ = q15
-    n_head, n_head_kv, head_dim, n_ctx = 12, 2, 128, 256
-    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
-    k = (rng.standard_normal((n, n_head_kv * head_dim)) * 2).astype(np.float32)
-    v = rng.standard_normal((n, n_head_kv * head_dim)).astype(np.float32)
-    pos = (np.arange(n) + 150).astype(np.int32).reshape(n, 1)  # keys across several 32-position chunks
-    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type="f16", n_ctx=n_ctx,
-                attn_scale=float(1 / np.sqrt(head_dim)), layer=0)
-    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=n, cols=1, meta=meta),
-             dict(op="Attn", inputs=[0, 3, 4], rows=n, cols=n_head * head_dim, meta=meta)]
-    outs = [minfer._minfer.Session(m, threads=t).run_ops("cpu", [q, k, v, pos], nodes)[-1] for t in (1, 8)]
-    assert np.isfinite(outs[0]).all()
-    assert np.array_equal(outs[0], outs[1])
-
-
 @pytest.mark.parametrize("window", [5, 32, 40])
 @pytest.mark.parametrize("n", [45, 1], ids=["prefill", "decode"])
 def test_sliding_window_attention(gemma, rng, window, n):

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 #if defined(__AVX2__) && defined(__FMA__)
@@ -10,12 +11,12 @@
 #include "common/exp_avx2.h"
 #endif
 
+#include "backends/cpu/attention_task.h"
+#include "backends/kernel_choice.h"
 #include "backends/kv_format.h"
 #include "common/error.h"
 
 namespace minfer {
-
-namespace {
 
 // s[j] <- exp(s[j] - max s); returns 1 / sum (double-accumulated), the factor
 // the callers fold into their weighted sum of values.  Every position goes
@@ -64,6 +65,8 @@ float softmax_unnormalized(float* s, int nk) {
     return float(1.0 / sum);
 #endif
 }
+
+namespace {
 
 // s[j] = scale * (q . K row j), K: nk rows of hd floats.  Four keys share one
 // combined horizontal sum (each key's arithmetic is the same in the groups of 8
@@ -198,7 +201,78 @@ void weighted_sum2(const float* pa, float sa, const float* pb, float sb, const f
     (void)pa, (void)sa, (void)pb, (void)sb, (void)V, (void)nk, (void)hd, (void)ya, (void)yb, (void)first;
 #endif
 }
+// The task on the CPU's vector units in f32: each chunk of keys converted to f32 once, dot products and
+// weighted sums a (row, head) at a time.
+void f32_attention_task(const AttnTask& t) {
+    constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1); a multiple of scores()'s groups of 8
+    const int head_dim = t.head_dim, g = t.g, h0 = t.h0, h1 = t.h1, nh = h1 - h0, k_lo = t.k_lo, n_keys = t.n_keys;
+    const int64_t r0 = t.r0, r1 = t.r1;
+    const int32_t* pos = t.pos;
+    const KvLayout& kv = *t.kv;
+    auto first_key = [&](int64_t r) { return t.first_key(r); };
+    const int span = n_keys - k_lo;
+    // per-thread scratch, reused across calls: one chunk of keys or values, the scores of every
+    // (row, head) of the task ([rows][heads][span], key j at j - k_lo) and their softmax factors
+    thread_local std::vector<float> C, S, inv;
+    C.resize(size_t(kChunk) * size_t(head_dim));
+    S.resize(size_t(r1 - r0) * size_t(nh) * size_t(span));
+    inv.resize(size_t(r1 - r0) * size_t(nh));
+    // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
+    // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
+    const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
+    // each chunk of the cache, converted once, to every row of the task that sees part of it (fn serves
+    // the task's heads): fn(row, first key, keys, its offset in the chunk).  Chunks start at multiples of
+    // kChunk and a row's keys in a chunk depend only on its position, so its arithmetic does too.
+    // Each row converted asks for the matching row of the next chunk, into L2 (prefetcht1): the
+    // fetch then has a whole chunk's arithmetic to arrive in.  A core has few L1 miss slots, and
+    // prefetches into L1 held them and stalled the conversion's own loads (a cold 295 KB walk with
+    // a chunk's work between chunks: 67 us without prefetch, 56 into L1, 45 into L2).
+    auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
+        const int hdim = head_dim;  // a local: the stores below could alias the captured one
+        for (int j0 = k_lo / kChunk * kChunk; j0 < n_keys; j0 += kChunk) {
+            const int n = std::min(kChunk, n_keys - j0);
+            for (int j = std::max(0, k_lo - j0); j < n; j++) {
+                if (j0 + j + kChunk < n_keys)
+                    for (size_t b = 0; b < slice; b += 64)
+                        __builtin_prefetch(t.key(cache, j0 + j + kChunk) + slice0 + b, 0, 2);
+                float* c = &C[size_t(j) * size_t(hdim)];
+                const uint8_t* row = t.key(cache, j0 + j);
+                if (kv.type == GGML_TYPE_F16) kv_read_f16(row, int64_t(g) * hdim, c, hdim);
+                else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
+            }
+            for (int64_t r = r0; r < r1; r++) {
+                const int a = std::max(j0, first_key(r)), e = std::min(j0 + n, pos[r] + 1);
+                if (a < e) fn(r, a, e - a, a - j0);
+            }
+        }
+    };
+    auto at = [&](int64_t r, int h) { return size_t(r - r0) * size_t(nh) + size_t(h - h0); };
+    auto score = [&](int64_t r, int h, int j) { return &S[at(r, h) * size_t(span) + size_t(j - k_lo)]; };
+    over_chunks(t.k_cache, [&](int64_t r, int j, int nk, int c) {
+        for (int h = h0; h < h1; h++)
+            scores(t.q + r * t.q_ld + int64_t(h) * head_dim, &C[size_t(c) * size_t(head_dim)], nk, head_dim, t.scale,
+                   score(r, h, j));
+    });
+    for (int64_t r = r0; r < r1; r++)
+        for (int h = h0; h < h1; h++)
+            inv[at(r, h)] = softmax_unnormalized(score(r, h, first_key(r)), pos[r] + 1 - first_key(r));
+    over_chunks(t.v_cache, [&](int64_t r, int j, int nk, int c) {
+        auto y = [&](int h) { return t.out + r * t.out_ld + int64_t(h) * head_dim; };
+        const float* V = &C[size_t(c) * size_t(head_dim)];
+        const bool first = j == first_key(r);
+        int h = h0;
+        for (; has_weighted_sum2(head_dim) && h + 2 <= h1; h += 2)
+            weighted_sum2(score(r, h, j), inv[at(r, h)], score(r, h + 1, j), inv[at(r, h + 1)], V, nk, head_dim, y(h),
+                          y(h + 1), first);
+        for (; h < h1; h++) weighted_sum(score(r, h, j), inv[at(r, h)], V, nk, head_dim, y(h), first);
+    });
+}
+
 }  // namespace
+
+const char* cpu_attention_kernel(uint32_t kv_type, int head_dim, Isa isa) {
+    return isa == Isa::avx512 && amx_attention_fits(kv_type, head_dim) ? "amx" : "f32";
+}
 
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
                   uint8_t* k_cache, uint8_t* v_cache, const KvLayout& kv) {
@@ -213,7 +287,7 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, int window, ThreadPool& pool, const KvPages* pages) {
+                   int head_dim, float scale, int window, ThreadPool& pool, Isa isa, const KvPages* pages) {
     const int group = n_head / n_head_kv;
     const size_t rb = kv_row_bytes(kv.type, kv.dim);
     if (kv.ring > 0 && (pages || window <= 0 || window > kv.ring))
@@ -249,15 +323,14 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         }
     }
     // Tasks: (kv head, block of query rows, part of the heads sharing that kv
-    // head).  A task reads its kv head's keys and values once, in chunks of
-    // kChunk positions converted to f32 (exact: f16 and q8_0 values are floats)
-    // while they sit in L1, and serves its query heads and rows with each chunk.
+    // head).  A task reads its kv head's keys and values once, in chunks
+    // converted while they sit in L1, and serves its query heads and rows with each chunk.
     // The heads of a group are split only when there are too few tasks for the
     // pool (decode: 2-8 kv heads).  Each (row, head) runs the same arithmetic
     // however tasks and chunks are cut and tokens batched, so prefix reuse gives
-    // the answer a fresh prompt gives.
+    // the answer a fresh prompt gives.  The kernel follows the cache and the CPU alone (AMX tiles where the
+    // CPU has them, for f16 caches), the same for every row: a decode row and a prompt row agree.
     constexpr int64_t kBlock = 16;
-    constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1); a multiple of scores()'s groups of 8
     std::vector<std::pair<int64_t, int64_t>> blocks;  // query rows of one run, kBlock at most
     for (auto [a, e] : runs)
         for (int64_t r = a; r < e; r += kBlock) blocks.push_back({r, std::min(e, r + kBlock)});
@@ -265,78 +338,27 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     int parts = 1;
     while (parts < group && int64_t(n_head_kv) * n_blocks * parts < pool.size()) parts++;
     const int per_part = (group + parts - 1) / parts;
+    const std::string forced = forced_kernel("cpu.attention"), rule = cpu_attention_kernel(kv.type, head_dim, isa);
+    const bool amx = (forced.empty() ? rule : forced) == "amx";
+    if (amx && rule != "amx")
+        throw MinferError(strfmt("Attn: cpu.attention=amx cannot run here (it needs AMX-BF16 tiles, the avx512 kernels "
+                                 "and an f16 cache with heads of a multiple of 32 up to 256; %s, head_dim %d, %s)",
+                                 type_traits(kv.type).name, head_dim, isa_name(isa)));
     pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
         const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
         const auto [r0, r1] = blocks[size_t(task / (int64_t(n_head_kv) * parts))];
         const int h0 = g * group + part * per_part, h1 = std::min((g + 1) * group, h0 + per_part);
-        // the cache row of the task's sequence's key j
-        const int32_t* table = pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr;
-        auto row_of = [&](int j) { return table ? size_t(table[j / bs]) * size_t(bs) + size_t(j % bs) : kv.row(j); };
         if (h0 >= h1) return;
-        const int nh = h1 - h0;
+        AttnTask t{q, q_ld, out, out_ld, r0, r1, pos, window, g, h0, h1, head_dim, scale, k_cache, v_cache, rb, &kv,
+                   pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr, bs, 0, 0};
         // row r sees keys [first_key(r), pos[r]]; the task, keys [k_lo, n_keys)
-        auto first_key = [&](int64_t r) { return window > 0 ? std::max(0, pos[r] - window + 1) : 0; };
-        int n_keys = 0, k_lo = pos[r0];
+        t.k_lo = pos[r0];
         for (int64_t r = r0; r < r1; r++) {
-            n_keys = std::max(n_keys, pos[r] + 1);
-            k_lo = std::min(k_lo, first_key(r));
+            t.n_keys = std::max(t.n_keys, pos[r] + 1);
+            t.k_lo = std::min(t.k_lo, t.first_key(r));
         }
-        const int span = n_keys - k_lo;
-        // per-thread scratch, reused across calls: one chunk of keys or values, the scores of every
-        // (row, head) of the task ([rows][heads][span], key j at j - k_lo) and their softmax factors
-        thread_local std::vector<float> C, S, inv;
-        C.resize(size_t(kChunk) * size_t(head_dim));
-        S.resize(size_t(r1 - r0) * size_t(nh) * size_t(span));
-        inv.resize(size_t(r1 - r0) * size_t(nh));
-        // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
-        // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
-        const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
-        // each chunk of the cache, converted once, to every row of the task that sees part of it (fn serves
-        // the task's heads): fn(row, first key, keys, its offset in the chunk).  Chunks start at multiples of
-        // kChunk and a row's keys in a chunk depend only on its position, so its arithmetic does too.
-        // Each row converted asks for the matching row of the next chunk, into L2 (prefetcht1): the
-        // fetch then has a whole chunk's arithmetic to arrive in.  A core has few L1 miss slots, and
-        // prefetches into L1 held them and stalled the conversion's own loads (a cold 295 KB walk with
-        // a chunk's work between chunks: 67 us without prefetch, 56 into L1, 45 into L2).
-        auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
-            const int hdim = head_dim;  // a local: the stores below could alias the captured one
-            for (int j0 = k_lo / kChunk * kChunk; j0 < n_keys; j0 += kChunk) {
-                const int n = std::min(kChunk, n_keys - j0);
-                for (int j = std::max(0, k_lo - j0); j < n; j++) {
-                    if (j0 + j + kChunk < n_keys)
-                        for (size_t b = 0; b < slice; b += 64)
-                            __builtin_prefetch(cache + row_of(j0 + j + kChunk) * rb + slice0 + b, 0, 2);
-                    float* c = &C[size_t(j) * size_t(hdim)];
-                    const uint8_t* row = cache + row_of(j0 + j) * rb;
-                    if (kv.type == GGML_TYPE_F16) kv_read_f16(row, int64_t(g) * hdim, c, hdim);
-                    else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
-                }
-                for (int64_t r = r0; r < r1; r++) {
-                    const int a = std::max(j0, first_key(r)), e = std::min(j0 + n, pos[r] + 1);
-                    if (a < e) fn(r, a, e - a, a - j0);
-                }
-            }
-        };
-        auto at = [&](int64_t r, int h) { return size_t(r - r0) * size_t(nh) + size_t(h - h0); };
-        auto score = [&](int64_t r, int h, int j) { return &S[at(r, h) * size_t(span) + size_t(j - k_lo)]; };
-        over_chunks(k_cache, [&](int64_t r, int j, int nk, int c) {
-            for (int h = h0; h < h1; h++)
-                scores(q + r * q_ld + int64_t(h) * head_dim, &C[size_t(c) * size_t(head_dim)], nk, head_dim, scale,
-                       score(r, h, j));
-        });
-        for (int64_t r = r0; r < r1; r++)
-            for (int h = h0; h < h1; h++)
-                inv[at(r, h)] = softmax_unnormalized(score(r, h, first_key(r)), pos[r] + 1 - first_key(r));
-        over_chunks(v_cache, [&](int64_t r, int j, int nk, int c) {
-            auto y = [&](int h) { return out + r * out_ld + int64_t(h) * head_dim; };
-            const float* V = &C[size_t(c) * size_t(head_dim)];
-            const bool first = j == first_key(r);
-            int h = h0;
-            for (; has_weighted_sum2(head_dim) && h + 2 <= h1; h += 2)
-                weighted_sum2(score(r, h, j), inv[at(r, h)], score(r, h + 1, j), inv[at(r, h + 1)], V, nk, head_dim, y(h),
-                              y(h + 1), first);
-            for (; h < h1; h++) weighted_sum(score(r, h, j), inv[at(r, h)], V, nk, head_dim, y(h), first);
-        });
+        if (amx) amx_attention_task(t);
+        else f32_attention_task(t);
     });
 }
 

@@ -35,6 +35,11 @@ void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, in
 // through its block table.
 void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int64_t rows, const int32_t* pos,
                    const uint8_t* k_cache, const uint8_t* v_cache, const KvLayout& kv, int n_head, int n_head_kv,
-                   int head_dim, float scale, int window, ThreadPool& pool, const KvPages* pages = nullptr);
+                   int head_dim, float scale, int window, ThreadPool& pool, Isa isa, const KvPages* pages = nullptr);
+
+// The kernel cpu_attention's rule picks for a cache type and head size on this CPU with the kernels of `isa`:
+// "amx" (AMX tiles: f16 caches, heads of a multiple of 32 up to 256, the avx512 tier) or "f32" (the vector
+// units); cpu.attention forces one.
+const char* cpu_attention_kernel(uint32_t kv_type, int head_dim, Isa isa);
 
 }  // namespace minfer

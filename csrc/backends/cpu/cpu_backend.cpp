@@ -116,7 +116,7 @@ void CpuBackend::execute_node(const Node& node, const ExecArgs& a) {
                          m.block_size};
             cpu_attention(at(a.in[0]), a.in[0].ld, at(a.out), a.out.ld, rows, (const int32_t*)at(a.in[1]),
                           (const uint8_t*)ptr(a.kv_k), (const uint8_t*)ptr(a.kv_v), kv, m.n_head, m.n_head_kv,
-                          m.head_dim, m.attn_scale, m.window, *pool_, m.block_size > 0 ? &pages : nullptr);
+                          m.head_dim, m.attn_scale, m.window, *pool_, isa(), m.block_size > 0 ? &pages : nullptr);
             return;
         }
         case Op::PickRows: {

@@ -1,0 +1,150 @@
+"""The CPU attention's two kernels -- f32 on the vector units, and AMX tiles with every operand cut into bf16
+pieces (cpu.attention=f32|amx; the rule takes amx for f16 caches where the CPU has AMX-BF16) -- against
+float64 at long context, and the invariants prefix reuse and preemption rest on: a row's result does not
+depend on the rows beside it (a decode row alone gives the bits it has inside a prompt) nor on how the work
+is cut into tasks."""
+import numpy as np
+import pytest
+
+import minfer
+from attention_ref import causal_attention_f64
+from backend_compare import close
+from conftest import real_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return minfer._minfer.Model(str(real_model("qwen2.5-coder-1.5b")))
+
+
+@pytest.fixture(params=["f32", "amx"])
+def kernel(request, force):
+    if request.param == "amx" and minfer._minfer.cpu_attention_kernel("f16", 128) != "amx":
+        pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant their state)")
+    force("cpu.attention", request.param)
+    return request.param
+
+
+def attention(session, q, k, v, pos, n_head, n_head_kv, head_dim, window=0, kv_type="f16"):
+    """Keys/values of positions 0..len(k)-1 stored, then one Attn over the query rows at `pos`."""
+    meta = dict(n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, kv_type=kv_type, n_ctx=len(k),
+                attn_scale=float(1 / np.sqrt(head_dim)), layer=0, window=window)
+    nodes = [dict(op="KvStore", inputs=[1, 2, 3], rows=len(k), cols=1, meta=meta),
+             dict(op="Attn", inputs=[0, 4, 5], rows=len(pos), cols=n_head * head_dim, meta=meta)]
+    all_pos = np.arange(len(k), dtype=np.int32).reshape(-1, 1)
+    return session.run_ops("cpu", [q, k, v, all_pos, np.asarray(pos, np.int32).reshape(-1, 1)], nodes, poison=True)[-1]
+
+
+def windowed_f64(q, k, v, pos, n_head, n_head_kv, head_dim, window):
+    out = np.zeros((len(pos), n_head * head_dim))
+    g = n_head // n_head_kv
+    for r, p in enumerate(pos):
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(n_head):
+            kh = slice(h // g * head_dim, (h // g + 1) * head_dim)
+            s = k[lo:p + 1, kh] @ q[r, h * head_dim:(h + 1) * head_dim].astype(np.float64) / np.sqrt(head_dim)
+            w = np.exp(s - s.max())
+            out[r, h * head_dim:(h + 1) * head_dim] = (w / w.sum()) @ v[lo:p + 1, kh]
+    return out
+
+
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim,n_ctx,window", [
+    (12, 2, 128, 8192, 0),   # the 1.5B at 8k
+    (14, 2, 64, 4096, 0),    # the 0.5B's heads of 64
+    (4, 1, 256, 1024, 300),  # gemma 3's local layers: heads of 256, a window
+])
+def test_kernels_against_float64(model, rng, kernel, n_head, n_head_kv, head_dim, n_ctx, window):
+    """Decode rows at random depths and a prompt block at the end of a full f16 cache, against float64 over
+    the stored (f16-rounded) keys and values.  Keys are scaled so each row's weight sits on few positions."""
+    s = minfer._minfer.Session(model, threads=2)
+    dim = n_head_kv * head_dim
+    k = (rng.standard_normal((n_ctx, dim)) * 4).astype(np.float32)
+    v = rng.standard_normal((n_ctx, dim)).astype(np.float32)
+    pos = np.concatenate([np.sort(rng.choice(n_ctx - 21, 6, replace=False)), np.arange(n_ctx - 21, n_ctx)])
+    q = rng.standard_normal((len(pos), n_head * head_dim)).astype(np.float32)
+    out = attention(s, q, k, v, pos, n_head, n_head_kv, head_dim, window)
+    kd, vd = k.astype(np.float16).astype(np.float64), v.astype(np.float16).astype(np.float64)
+    if window:
+        ref = windowed_f64(q, kd, vd, pos, n_head, n_head_kv, head_dim, window)
+    else:
+        ref = causal_attention_f64(q, kd, vd, pos, n_head, n_head_kv, head_dim)
+    close(out, ref, 1e-5)
+
+
+@pytest.mark.parametrize("window", [0, 45])
+def test_row_alone_equals_row_in_a_prompt(model, rng, kernel, window):
+    """A prompt of 37 rows (positions 190..226, keys in several 32- and 64-key chunks) against each of
+    three of its rows run alone, as decode runs it: the same bits."""
+    s = minfer._minfer.Session(model, threads=2)
+    n_head, n_head_kv, head_dim, n = 12, 2, 128, 256
+    k = (rng.standard_normal((n, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n, n_head_kv * head_dim)).astype(np.float32)
+    pos = np.arange(190, 227)
+    q = rng.standard_normal((len(pos), n_head * head_dim)).astype(np.float32)
+    block = attention(s, q, k, v, pos, n_head, n_head_kv, head_dim, window)
+    assert np.isfinite(block).all()
+    for r in (0, 17, 36):
+        alone = attention(s, q[r:r + 1], k, v, pos[r:r + 1], n_head, n_head_kv, head_dim, window)
+        assert np.array_equal(alone[0], block[r]), r
+
+
+@pytest.mark.parametrize("n", [1, 20], ids=["decode", "prefill"])
+def test_attention_does_not_depend_on_how_tasks_are_cut(model, rng, kernel, n):
+    """With fewer (kv head, row block) tasks than threads, a task takes part of a KV head's query heads
+    (here 8 threads, 2 KV heads, 1 or 2 row blocks: parts of each group of 6); with one thread, one task
+    per KV head and row block.  Each (row, head) runs the same arithmetic either way: the same bits (and
+    every output is written: the buffers start poisoned)."""
+    n_head, n_head_kv, head_dim, n_ctx = 12, 2, 128, 256
+    q = rng.standard_normal((n, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((n_ctx, n_head_kv * head_dim)) * 2).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv * head_dim)).astype(np.float32)
+    pos = np.arange(n) + 150  # keys across several chunks
+    outs = [attention(minfer._minfer.Session(model, threads=t), q, k, v, pos, n_head, n_head_kv, head_dim)
+            for t in (1, 8)]
+    assert np.isfinite(outs[0]).all()
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_the_kernels_differ_where_amx_runs(model, rng, force):
+    """The AMX kernel is not the f32 one under another name: its sums round differently (a check that the
+    forced choice reaches it)."""
+    if minfer._minfer.cpu_attention_kernel("f16", 128) != "amx":
+        pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant their state)")
+    s = minfer._minfer.Session(model, threads=2)
+    k = rng.standard_normal((512, 256)).astype(np.float32)
+    v = rng.standard_normal((512, 256)).astype(np.float32)
+    q = rng.standard_normal((4, 1536)).astype(np.float32)
+    outs = []
+    for kern in ("f32", "amx"):
+        force("cpu.attention", kern)
+        outs.append(attention(s, q, k, v, [100, 300, 400, 511], 12, 2, 128))
+    assert not np.array_equal(outs[0], outs[1])
+    close(outs[1], outs[0], 1e-5)
+
+
+@pytest.mark.parametrize("kv_type,head_dim", [("q8_0", 128), ("f32", 128), ("f16", 80)])
+def test_amx_refuses_what_it_lacks(model, rng, force, kv_type, head_dim):
+    """Forced onto a cache it cannot read (q8_0, f32, heads not a multiple of 32), or a CPU without tiles,
+    the AMX kernel is an error naming why, never a silent f32 run."""
+    s = minfer._minfer.Session(model, threads=2)
+    n_head, n_head_kv = 2, 1
+    k = rng.standard_normal((64, head_dim)).astype(np.float32)
+    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+    force("cpu.attention", "amx")
+    with pytest.raises(Exception, match="cpu.attention=amx cannot run here"):
+        attention(s, q, k, k, [63], n_head, n_head_kv, head_dim, kv_type=kv_type)
+
+
+def test_an_avx2_session_keeps_the_f32_kernel(model, rng, force):
+    """MINFER_CPU_ISA / Session(isa=...) below avx512 keeps attention on the f32 kernel too: its rule gives
+    the forced f32 kernel's bits, and forcing amx there is an error."""
+    k = rng.standard_normal((300, 256)).astype(np.float32)
+    v = rng.standard_normal((300, 256)).astype(np.float32)
+    q = rng.standard_normal((3, 1536)).astype(np.float32)
+    avx2 = minfer._minfer.Session(model, threads=2, isa="avx2")
+    rule = attention(avx2, q, k, v, [5, 150, 299], 12, 2, 128)
+    force("cpu.attention", "f32")
+    assert np.array_equal(rule, attention(minfer._minfer.Session(model, threads=2), q, k, v, [5, 150, 299], 12, 2, 128))
+    force("cpu.attention", "amx")
+    with pytest.raises(Exception, match="cpu.attention=amx cannot run here"):
+        attention(avx2, q, k, v, [299], 12, 2, 128)
