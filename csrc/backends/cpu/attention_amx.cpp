@@ -287,6 +287,8 @@ void amx_attention_task(const AttnTask& t) {
     // weighted sums: chunk by chunk, P and V in pieces, a batch of four (dim group, query group) tiles at once
     std::memset(O, 0, size_t(QG * 16) * size_t(hd) * 4);
     const size_t piece = size_t(QG * 16 * kSumKeys);  // P's pieces one after the other
+    for (int m = M; m < QG * 16; m++)  // the last tile's absent queries: 0 throughout
+        for (int k = 0; k < 3; k++) std::memset(Pp + k * piece + size_t(m) * kSumKeys, 0, kSumKeys * 2);
     for (int j0 = t.k_lo / kSumKeys * kSumKeys; j0 < t.n_keys; j0 += kSumKeys) {
         const int a = std::max(j0, t.k_lo), e = std::min(j0 + kSumKeys, t.n_keys);
         const int s0 = (a - j0) / 32, s1 = (e - 1 - j0) / 32;  // the 32-key steps with keys
@@ -305,12 +307,8 @@ void amx_attention_task(const AttnTask& t) {
                                Vp + size_t((kSteps + s) * DG) * 256 + size_t(p) * 16);
             }
         // P's pieces for the chunk: a row's keys outside [first key, position] are 0
-        for (int m = 0; m < QG * 16; m++) {
+        for (int m = 0; m < M; m++) {
             uint16_t* dst = Pp + size_t(m) * kSumKeys;
-            if (m >= M) {
-                for (int k = 0; k < 3; k++) std::memset(dst + k * piece, 0, kSumKeys * 2);
-                continue;
-            }
             const int64_t r = query_row(m);
             const int lo = std::max(a, t.first_key(r)), hi = std::min(e, t.pos[r] + 1);
             const float* srow = S.data() + size_t(m) * size_t(span) - t.k_lo;
