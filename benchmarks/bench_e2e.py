@@ -2,6 +2,7 @@
 
     python benchmarks/bench_e2e.py                      # the three real models, 2 threads
     python benchmarks/bench_e2e.py --llama-bench /path/to/llama-bench --reps 3
+    python benchmarks/bench_e2e.py --kernel cpu.attention=f32     # an A/B run against a forced kernel
 
 For each model and repetition, minfer runs in a fresh process (so peak RSS is
 its own) and, with --llama-bench, llama-bench runs on the same file with
@@ -34,11 +35,13 @@ import time
 MODELS = ["smollm2-135m", "qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"]
 
 
-def worker(name: str, threads: int, n_prompt: int, n_gen: int) -> dict:
+def worker(name: str, threads: int, n_prompt: int, n_gen: int, kernels: list[str]) -> dict:
     import numpy as np
 
     from minfer import engine, gguf
 
+    for kv in kernels:
+        engine.force_kernel(*kv.split("=", 1))
     path = engine.resolve(name)
     t0 = time.perf_counter()
     model = engine.Model(path)
@@ -117,10 +120,12 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--json", default="bench_e2e.json")
     ap.add_argument("--llama-bench", default="", help="llama.cpp's llama-bench, run on the same files for the ratios")
+    ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
+                    help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker, a.threads, a.prompt, a.gen)))
+        print(json.dumps(worker(a.worker, a.threads, a.prompt, a.gen, a.kernel)))
         return
     llama = a.llama_bench
     results = []
@@ -128,7 +133,8 @@ def main():
         runs, lruns = [], []
         for _ in range(a.reps):
             out = subprocess.run([sys.executable, __file__, "--worker", name, "--threads", str(a.threads),
-                                  "--prompt", str(a.prompt), "--gen", str(a.gen)], capture_output=True, text=True)
+                                  "--prompt", str(a.prompt), "--gen", str(a.gen),
+                                  *[f"--kernel={k}" for k in a.kernel]], capture_output=True, text=True)
             if out.returncode != 0:
                 sys.exit(out.stderr)
             runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
