@@ -139,7 +139,7 @@ void store_transposed(const float* in, float scale, float* const* rows, __mmask1
 //  scores: C += K Q^T for one 32-dim step; A = the keys' hi / lo pieces (tiles 4, 5, loaded), B = the queries'
 //          three pieces
 //  sums:   C += P V for one 32-key step; B = the values' hi / lo pieces (tiles 6, 7, loaded), A = P's three
-#define MINFER_AMX_STEPS(C)                                                                  \
+#define AMX_STEPS(C)                                                                  \
     void scores_step_##C(const void* qh, const void* qm, const void* ql) {                   \
         _tile_loadd(6, qh, 64);                                                              \
         _tile_loadd(7, qm, 64);                                                              \
@@ -163,11 +163,11 @@ void store_transposed(const float* in, float scale, float* const* rows, __mmask1
     void zero_##C() { _tile_zero(C); }                                                       \
     void load_##C(const void* p, int stride) { _tile_loadd(C, p, stride); }                  \
     void store_##C(void* p, int stride) { _tile_stored(C, p, stride); }
-MINFER_AMX_STEPS(0)
-MINFER_AMX_STEPS(1)
-MINFER_AMX_STEPS(2)
-MINFER_AMX_STEPS(3)
-#undef MINFER_AMX_STEPS
+AMX_STEPS(0)
+AMX_STEPS(1)
+AMX_STEPS(2)
+AMX_STEPS(3)
+#undef AMX_STEPS
 void (*const scores_step[4])(const void*, const void*, const void*) = {scores_step_0, scores_step_1, scores_step_2,
                                                                          scores_step_3};
 void (*const sums_step[4])(const void*, const void*, const void*, int) = {sums_step_0, sums_step_1, sums_step_2,
