@@ -328,8 +328,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     // The heads of a group are split only when there are too few tasks for the
     // pool (decode: 2-8 kv heads).  Each (row, head) runs the same arithmetic
     // however tasks and chunks are cut and tokens batched, so prefix reuse gives
-    // the answer a fresh prompt gives.  The kernel follows the cache and the CPU alone (AMX tiles where the
-    // CPU has them, for f16 caches), the same for every row: a decode row and a prompt row agree.
+    // the answer a fresh prompt gives.  The kernel follows the cache, the CPU and the session's ISA tier
+    // alone (AMX tiles for f16 caches where they can run), the same for every row: decode and prompt rows agree.
     constexpr int64_t kBlock = 16;
     std::vector<std::pair<int64_t, int64_t>> blocks;  // query rows of one run, kBlock at most
     for (auto [a, e] : runs)

@@ -9,6 +9,7 @@
 // rows, prompt rows and any cut of the work into tasks give the same bits.
 #include "backends/cpu/attention_task.h"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -26,9 +27,8 @@ namespace minfer {
 #if defined(MINFER_HAVE_AMX)
 namespace {
 
-constexpr int kKeys = 64;      // the scores' chunk of keys: 4 groups of 16
-constexpr int kSumKeys = 64;   // the weighted sums' chunk: steps of 32 keys, the accumulators loaded once a chunk
-constexpr int kSteps = kSumKeys / 32;
+constexpr int kKeys = 64;  // a chunk of keys: 4 groups of 16 for the scores, 2 steps of 32 for the sums
+constexpr int kSteps = kKeys / 32;
 
 // Linux hands a process the tile state only on request (arch_prctl ARCH_REQ_XCOMP_PERM, XTILEDATA).
 bool tiles_granted() {
@@ -70,6 +70,12 @@ inline __m512i pack_bf16(__m512 a, __m512 b) {
 inline __m512i pair_bf16(__m512 a, __m512 b) {
     return _mm512_or_si512(_mm512_srli_epi32(_mm512_castps_si512(a), 16),
                            _mm512_and_si512(_mm512_castps_si512(b), _mm512_set1_epi32(int(0xFFFF0000u))));
+}
+
+// Lanes of keys k0..k0+15 inside [lo, hi).
+inline __mmask16 key_mask(int k0, int lo, int hi) {
+    const int b = std::clamp(lo - k0, 0, 16), e = std::clamp(hi - k0, 0, 16);
+    return b < e ? __mmask16(((1u << e) - 1) & ~((1u << b) - 1)) : __mmask16(0);
 }
 
 inline __m512 f16x16(const uint16_t* p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p)); }
@@ -206,11 +212,11 @@ void amx_attention_task(const AttnTask& t) {
     thread_local Scratch mem;
     thread_local std::vector<float> S;
     mem.reset(size_t(3 * KS * QG) * 1024 + size_t(2 * kKeys * hd) * 2 + size_t(2 * kSteps * DG) * 1024 +
-              size_t(3 * QG * 16 * kSumKeys) * 2 + size_t(QG * 16 * hd) * 4 + 4 * 1024 + size_t(M) * 4 + 16 * 64);
+              size_t(3 * QG * 16 * kKeys) * 2 + size_t(QG * 16 * hd) * 4 + 4 * 1024 + size_t(M) * 4 + 16 * 64);
     uint32_t* Qp = mem.take<uint32_t>(size_t(3 * KS * QG) * 256);  // [piece][step][qg][pair][query]
     uint16_t* Kp = mem.take<uint16_t>(size_t(2 * kKeys * hd));     // [piece][key][dim]
     uint32_t* Vp = mem.take<uint32_t>(size_t(2 * kSteps * DG) * 256);       // [piece][step][dg][pair][dim]
-    uint16_t* Pp = mem.take<uint16_t>(size_t(3 * QG * 16 * kSumKeys));      // [piece][qg][query][key]
+    uint16_t* Pp = mem.take<uint16_t>(size_t(3 * QG * 16 * kKeys));      // [piece][qg][query][key]
     float* O = mem.take<float>(size_t(QG * 16) * size_t(hd));      // [query][dim], unnormalized
     float* Ct = mem.take<float>(4 * 256);
     float* inv = mem.take<float>(size_t(M));
@@ -268,9 +274,7 @@ void amx_attention_task(const AttnTask& t) {
                 const auto [kg, qg] = jobs[b0 + size_t(b)];
                 tile_store[b](Ct + 256 * b, 64);
                 const int k0 = j0 + kg * 16;  // keys k0..k0+15 of queries qg*16..
-                __mmask16 keys = 0;
-                for (int i = 0; i < 16; i++)
-                    if (k0 + i >= a && k0 + i < e) keys = __mmask16(keys | (1u << i));
+                const __mmask16 keys = key_mask(k0, a, e);
                 float* rows[16] = {};
                 for (int c = 0; c < 16 && qg * 16 + c < M; c++)
                     rows[c] = S.data() + size_t(qg * 16 + c) * size_t(span) + (k0 - t.k_lo);
@@ -286,19 +290,19 @@ void amx_attention_task(const AttnTask& t) {
 
     // weighted sums: chunk by chunk, P and V in pieces, a batch of four (dim group, query group) tiles at once
     std::memset(O, 0, size_t(QG * 16) * size_t(hd) * 4);
-    const size_t piece = size_t(QG * 16 * kSumKeys);  // P's pieces one after the other
+    const size_t piece = size_t(QG * 16 * kKeys);  // P's pieces one after the other
     for (int m = M; m < QG * 16; m++)  // the last tile's absent queries: 0 throughout
-        for (int k = 0; k < 3; k++) std::memset(Pp + k * piece + size_t(m) * kSumKeys, 0, kSumKeys * 2);
-    for (int j0 = t.k_lo / kSumKeys * kSumKeys; j0 < t.n_keys; j0 += kSumKeys) {
-        const int a = std::max(j0, t.k_lo), e = std::min(j0 + kSumKeys, t.n_keys);
+        for (int k = 0; k < 3; k++) std::memset(Pp + k * piece + size_t(m) * kKeys, 0, kKeys * 2);
+    for (int j0 = t.k_lo / kKeys * kKeys; j0 < t.n_keys; j0 += kKeys) {
+        const int a = std::max(j0, t.k_lo), e = std::min(j0 + kKeys, t.n_keys);
         const int s0 = (a - j0) / 32, s1 = (e - 1 - j0) / 32;  // the 32-key steps with keys
         for (int s = s0; s <= s1; s++)
             for (int p = 0; p < 16; p++) {
                 const int ja = j0 + 32 * s + 2 * p, jb = ja + 1;
-                if (jb + kSumKeys < t.n_keys)
+                if (jb + kKeys < t.n_keys)
                     for (int b = 0; b < hd * 2; b += 64) {
-                        __builtin_prefetch(t.key(t.v_cache, ja + kSumKeys) + slice0 + b, 0, 2);
-                        __builtin_prefetch(t.key(t.v_cache, jb + kSumKeys) + slice0 + b, 0, 2);
+                        __builtin_prefetch(t.key(t.v_cache, ja + kKeys) + slice0 + b, 0, 2);
+                        __builtin_prefetch(t.key(t.v_cache, jb + kKeys) + slice0 + b, 0, 2);
                     }
                 auto row = [&](int j) {
                     return j >= a && j < e ? (const uint16_t*)(t.key(t.v_cache, j) + slice0) : nullptr;
@@ -308,7 +312,7 @@ void amx_attention_task(const AttnTask& t) {
             }
         // P's pieces for the chunk: a row's keys outside [first key, position] are 0
         for (int m = 0; m < M; m++) {
-            uint16_t* dst = Pp + size_t(m) * kSumKeys;
+            uint16_t* dst = Pp + size_t(m) * kKeys;
             const int64_t r = query_row(m);
             const int lo = std::max(a, t.first_key(r)), hi = std::min(e, t.pos[r] + 1);
             const float* srow = S.data() + size_t(m) * size_t(span) - t.k_lo;
@@ -316,9 +320,7 @@ void amx_attention_task(const AttnTask& t) {
                 __m512 x[2];
                 for (int h = 0; h < 2; h++) {
                     const int k0 = j0 + 32 * s + 16 * h;
-                    __mmask16 keys = 0;
-                    for (int i = 0; i < 16; i++)
-                        if (k0 + i >= lo && k0 + i < hi) keys = __mmask16(keys | (1u << i));
+                    const __mmask16 keys = key_mask(k0, lo, hi);
                     x[h] = keys ? _mm512_maskz_loadu_ps(keys, srow + k0) : _mm512_setzero_ps();
                 }
                 const __m512 h0 = top16(x[0]), h1 = top16(x[1]);
@@ -347,8 +349,8 @@ void amx_attention_task(const AttnTask& t) {
                         _tile_loadd(6, Vp + size_t(s * DG + dg) * 256, 64);
                         _tile_loadd(7, Vp + size_t((kSteps + s) * DG + dg) * 256, 64);
                     }
-                    const uint16_t* p = Pp + size_t(qg * 16 * kSumKeys + 32 * s);
-                    sums_step[b](p, p + piece, p + 2 * piece, kSumKeys * 2);
+                    const uint16_t* p = Pp + size_t(qg * 16 * kKeys + 32 * s);
+                    sums_step[b](p, p + piece, p + 2 * piece, kKeys * 2);
                 }
             for (int b = 0; b < nb; b++) tile_store[b](o_tile(b), hd * 4);
         }
