@@ -1,5 +1,5 @@
-"""The CPU attention's two kernels -- f32 on the vector units, and AMX tiles with every operand cut into bf16
-pieces (cpu.attention=f32|amx; the rule takes amx for f16 caches where the CPU has AMX-BF16) -- against
+"""The CPU attention's two kernels -- f32 on the vector units a (row, head) at a time, and f32 on AVX-512
+register tiles (cpu.attention=f32|tiles; the rule takes tiles where the session's ISA tier is avx512) -- against
 float64 at long context, and the invariants prefix reuse and preemption rest on: a row's result does not
 depend on the rows beside it (a decode row alone gives the bits it has inside a prompt) nor on how the work
 is cut into tasks."""
@@ -10,6 +10,7 @@ import minfer
 from attention_ref import causal_attention_f64
 from backend_compare import close
 from conftest import real_model
+from minfer.quants import GGMLType, dequantize, quantize
 
 
 @pytest.fixture(scope="module")
@@ -17,10 +18,19 @@ def model():
     return minfer._minfer.Model(str(real_model("qwen2.5-coder-1.5b")))
 
 
-@pytest.fixture(params=["f32", "amx"])
+def quantize_roundtrip_q8_0(x):
+    """What a q8_0 cache holds of rows x, in float64."""
+    return np.stack([dequantize(quantize(row, GGMLType.Q8_0), GGMLType.Q8_0) for row in x]).astype(np.float64)
+
+
+def has_tiles():
+    return minfer._minfer.cpu_attention_kernel("f16", 128) == "tiles"
+
+
+@pytest.fixture(params=["f32", "tiles"])
 def kernel(request, force):
-    if request.param == "amx" and minfer._minfer.cpu_attention_kernel("f16", 128) != "amx":
-        pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant their state)")
+    if request.param == "tiles" and not has_tiles():
+        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
     force("cpu.attention", request.param)
     return request.param
 
@@ -105,39 +115,62 @@ def test_attention_does_not_depend_on_how_tasks_are_cut(model, rng, kernel, n):
     assert np.array_equal(outs[0], outs[1])
 
 
-def test_the_kernels_differ_where_amx_runs(model, rng, force):
-    """The AMX kernel is not the f32 one under another name: its sums round differently (a check that the
-    forced choice reaches it)."""
-    if minfer._minfer.cpu_attention_kernel("f16", 128) != "amx":
-        pytest.skip("this CPU has no AMX-BF16 tiles (or Linux did not grant their state)")
+@pytest.mark.parametrize("kv_type,head_dim", [("q8_0", 96), ("f32", 80)])
+def test_tiles_against_float64_on_other_caches(model, rng, force, kv_type, head_dim):
+    """The register tiles read every cache type (q8_0 and f32 rows through the f32 conversion) and heads that
+    are not a multiple of 64 (96, 80): against float64 over the stored values (q8_0: what the cache holds, its
+    blocks quantized and dequantized by the reference)."""
+    if not has_tiles():
+        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+    s = minfer._minfer.Session(model, threads=2)
+    n_head, n_head_kv, n_ctx = 10, 2, 700
+    k = (rng.standard_normal((n_ctx, n_head_kv * head_dim)) * 3).astype(np.float32)
+    v = rng.standard_normal((n_ctx, n_head_kv * head_dim)).astype(np.float32)
+    pos = np.concatenate([[3, 64, 333], np.arange(n_ctx - 9, n_ctx)])
+    q = rng.standard_normal((len(pos), n_head * head_dim)).astype(np.float32)
+    force("cpu.attention", "tiles")
+    out = attention(s, q, k, v, pos, n_head, n_head_kv, head_dim, kv_type=kv_type)
+    if kv_type == "q8_0":
+        kd, vd = quantize_roundtrip_q8_0(k), quantize_roundtrip_q8_0(v)
+    else:
+        kd, vd = k.astype(np.float64), v.astype(np.float64)
+    close(out, causal_attention_f64(q, kd, vd, pos, n_head, n_head_kv, head_dim), 1e-5)
+
+
+def test_tiles_differ_from_f32(model, rng, force):
+    """The forced tiles kernel is not the f32 one under another name: its sums run in another order."""
+    if not has_tiles():
+        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
     s = minfer._minfer.Session(model, threads=2)
     k = rng.standard_normal((512, 256)).astype(np.float32)
     v = rng.standard_normal((512, 256)).astype(np.float32)
     q = rng.standard_normal((4, 1536)).astype(np.float32)
     outs = []
-    for kern in ("f32", "amx"):
+    for kern in ("f32", "tiles"):
         force("cpu.attention", kern)
         outs.append(attention(s, q, k, v, [100, 300, 400, 511], 12, 2, 128))
     assert not np.array_equal(outs[0], outs[1])
     close(outs[1], outs[0], 1e-5)
 
 
-@pytest.mark.parametrize("kv_type,head_dim", [("q8_0", 128), ("f32", 128), ("f16", 80)])
-def test_amx_refuses_what_it_lacks(model, rng, force, kv_type, head_dim):
-    """Forced onto a cache it cannot read (q8_0, f32, heads not a multiple of 32), or a CPU without tiles,
-    the AMX kernel is an error naming why, never a silent f32 run."""
+@pytest.mark.parametrize("head_dim", [72, 272])
+def test_tiles_refuse_what_they_lack(model, rng, force, head_dim):
+    """Forced onto heads that are not a multiple of 16 or wider than 256, the tiles are an error naming why,
+    never a silent f32 run; the rule gives such heads the f32 kernel."""
+    if not has_tiles():
+        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+    assert minfer._minfer.cpu_attention_kernel("f16", head_dim) == "f32"
     s = minfer._minfer.Session(model, threads=2)
-    n_head, n_head_kv = 2, 1
     k = rng.standard_normal((64, head_dim)).astype(np.float32)
-    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
-    force("cpu.attention", "amx")
-    with pytest.raises(Exception, match="cpu.attention=amx cannot run here"):
-        attention(s, q, k, k, [63], n_head, n_head_kv, head_dim, kv_type=kv_type)
+    q = rng.standard_normal((1, 2 * head_dim)).astype(np.float32)
+    force("cpu.attention", "tiles")
+    with pytest.raises(Exception, match="cpu.attention=tiles cannot run here"):
+        attention(s, q, k, k, [63], 2, 1, head_dim, kv_type="f32")
 
 
 def test_an_avx2_session_keeps_the_f32_kernel(model, rng, force):
     """MINFER_CPU_ISA / Session(isa=...) below avx512 keeps attention on the f32 kernel too: its rule gives
-    the forced f32 kernel's bits, and forcing amx there is an error."""
+    the forced f32 kernel's bits, and forcing tiles there is an error."""
     k = rng.standard_normal((300, 256)).astype(np.float32)
     v = rng.standard_normal((300, 256)).astype(np.float32)
     q = rng.standard_normal((3, 1536)).astype(np.float32)
@@ -145,6 +178,6 @@ def test_an_avx2_session_keeps_the_f32_kernel(model, rng, force):
     rule = attention(avx2, q, k, v, [5, 150, 299], 12, 2, 128)
     force("cpu.attention", "f32")
     assert np.array_equal(rule, attention(minfer._minfer.Session(model, threads=2), q, k, v, [5, 150, 299], 12, 2, 128))
-    force("cpu.attention", "amx")
-    with pytest.raises(Exception, match="cpu.attention=amx cannot run here"):
+    force("cpu.attention", "tiles")
+    with pytest.raises(Exception, match="cpu.attention=tiles cannot run here"):
         attention(avx2, q, k, v, [299], 12, 2, 128)

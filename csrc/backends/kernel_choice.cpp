@@ -35,9 +35,9 @@ const std::vector<KernelChoiceSpec> kChoices = {
      "tensor cores on 8-bit activations, bf16 ones on shared-memory stages or fed from registers (up to 16 "
      "rows), or f16 on dequantized slices"},
     {"cuda.attention_group", "1|all", "a batch's paged decode attention: a block per query head, or per KV head"},
-    {"cpu.attention", "f32|amx",
-     "attention on the vector units in f32, or on AMX tiles with f32 operands cut into bf16 pieces (an error "
-     "where the CPU or the cache cannot take it)"},
+    {"cpu.attention", "f32|tiles",
+     "attention on the vector units in f32 a (row, head) at a time, or in f32 on AVX-512 register tiles (an "
+     "error where the CPU, the session's ISA tier or the head size cannot take it)"},
     {"metal.matmul", "matvec|rows|simdgroup", "one matmul tier for every row count"},
     {"metal.attention", "flash|split", "the single-pass flash kernel or the split kernel with a combine"},
 };

@@ -41,7 +41,7 @@ void bind_cpu(py::module_& m) {
     m.def("physical_cores", &physical_cores);
     m.def("cpu_attention_kernel", [](const std::string& kv_type, int head_dim) {
         return std::string(cpu_attention_kernel(kv_type_from(kv_type), head_dim, default_isa()));
-    }, py::arg("kv_type"), py::arg("head_dim"), "the CPU attention kernel this machine runs for such a cache: amx or f32");
+    }, py::arg("kv_type"), py::arg("head_dim"), "the CPU attention kernel this machine runs for such a cache: tiles or f32");
     m.def("read_bandwidth_gbps", [](size_t bytes, int reps, std::shared_ptr<ThreadPool> pool) {
         if (!pool) pool = std::make_shared<ThreadPool>(physical_cores());
         py::gil_scoped_release nogil;

@@ -271,7 +271,8 @@ void f32_attention_task(const AttnTask& t) {
 }  // namespace
 
 const char* cpu_attention_kernel(uint32_t kv_type, int head_dim, Isa isa) {
-    return isa == Isa::avx512 && amx_attention_fits(kv_type, head_dim) ? "amx" : "f32";
+    (void)kv_type;  // every cache type is read through the same f32 conversion
+    return isa == Isa::avx512 && tiles_attention_fits(head_dim) ? "tiles" : "f32";
 }
 
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
@@ -329,7 +330,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     // pool (decode: 2-8 kv heads).  Each (row, head) runs the same arithmetic
     // however tasks and chunks are cut and tokens batched, so prefix reuse gives
     // the answer a fresh prompt gives.  The kernel follows the cache, the CPU and the session's ISA tier
-    // alone (AMX tiles for f16 caches where they can run), the same for every row: decode and prompt rows agree.
+    // alone (AVX-512 register tiles where the tier has them), the same for every row: decode and prompt rows
+    // agree.
     constexpr int64_t kBlock = 16;
     std::vector<std::pair<int64_t, int64_t>> blocks;  // query rows of one run, kBlock at most
     for (auto [a, e] : runs)
@@ -339,11 +341,10 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     while (parts < group && int64_t(n_head_kv) * n_blocks * parts < pool.size()) parts++;
     const int per_part = (group + parts - 1) / parts;
     const std::string forced = forced_kernel("cpu.attention"), rule = cpu_attention_kernel(kv.type, head_dim, isa);
-    const bool amx = (forced.empty() ? rule : forced) == "amx";
-    if (amx && rule != "amx")
-        throw MinferError(strfmt("Attn: cpu.attention=amx cannot run here (it needs AMX-BF16 tiles, the avx512 kernels "
-                                 "and an f16 cache with heads of a multiple of 32 up to 256; %s, head_dim %d, %s)",
-                                 type_traits(kv.type).name, head_dim, isa_name(isa)));
+    const std::string kernel = forced.empty() ? rule : forced;
+    if (kernel == "tiles" && !(isa == Isa::avx512 && tiles_attention_fits(head_dim)))
+        throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx512 kernels and heads of "
+                                 "a multiple of 16 up to 256; head_dim %d, %s)", head_dim, isa_name(isa)));
     pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
         const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
         const auto [r0, r1] = blocks[size_t(task / (int64_t(n_head_kv) * parts))];
@@ -357,7 +358,7 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
             t.n_keys = std::max(t.n_keys, pos[r] + 1);
             t.k_lo = std::min(t.k_lo, t.first_key(r));
         }
-        if (amx) amx_attention_task(t);
+        if (kernel == "tiles") tiles_attention_task(t);
         else f32_attention_task(t);
     });
 }

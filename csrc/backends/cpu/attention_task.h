@@ -1,4 +1,4 @@
-// One unit of cpu_attention's work, shared by its two kernels: a KV head's keys and values against some of
+// One unit of cpu_attention's work, shared by its kernels: a KV head's keys and values against some of
 // its query heads for a block of query rows of one sequence.
 #pragma once
 #include <algorithm>
@@ -39,9 +39,9 @@ struct AttnTask {
 // s[j] <- exp(s[j] - max s) over j < nk; returns 1 / their sum.
 float softmax_unnormalized(float* s, int nk);
 
-// Attention on AMX tiles (attention_amx.cpp): whether this process can run it (the CPU has AMX-BF16, the
-// build compiled it, Linux granted the tile state) for this cache, and the task itself.
-bool amx_attention_fits(uint32_t kv_type, int head_dim);
-void amx_attention_task(const AttnTask& t);
+// Attention in f32 on AVX-512 register tiles (attention_tiles.cpp): whether this build has it for heads of this
+// size (the caller checks the CPU), and the task itself.
+bool tiles_attention_fits(int head_dim);
+void tiles_attention_task(const AttnTask& t);
 
 }  // namespace minfer
