@@ -10,6 +10,7 @@ import minfer
 from attention_ref import causal_attention_f64
 from backend_compare import close
 from conftest import real_model
+from minfer.quants import available_isas
 from minfer.quants import GGMLType, dequantize, quantize
 
 
@@ -168,16 +169,28 @@ def test_tiles_refuse_what_they_lack(model, rng, force, head_dim):
         attention(s, q, k, k, [63], 2, 1, head_dim, kv_type="f32")
 
 
-def test_an_avx2_session_keeps_the_f32_kernel(model, rng, force):
-    """MINFER_CPU_ISA / Session(isa=...) below avx512 keeps attention on the f32 kernel too: its rule gives
-    the forced f32 kernel's bits, and forcing tiles there is an error."""
+def test_the_tiles_give_the_same_bits_at_every_width(model, rng, force):
+    """An avx2 session takes 8-lane tiles, an avx512 one 16-lane tiles: each score and each output is the same
+    chain of multiply-adds either way, so the bits agree (and differ from the f32 kernel's); a scalar session
+    keeps the f32 kernel, and forcing tiles there is an error."""
+    if minfer._minfer.cpu_attention_kernel("f16", 128) != "tiles":
+        pytest.skip("this CPU has no AVX2")
     k = rng.standard_normal((300, 256)).astype(np.float32)
     v = rng.standard_normal((300, 256)).astype(np.float32)
-    q = rng.standard_normal((3, 1536)).astype(np.float32)
-    avx2 = minfer._minfer.Session(model, threads=2, isa="avx2")
-    rule = attention(avx2, q, k, v, [5, 150, 299], 12, 2, 128)
+    q = rng.standard_normal((20, 1536)).astype(np.float32)
+    pos = [5, 150, 299] + list(range(200, 217))
+    outs = {}
+    for isa in ("avx2", "avx512"):
+        if isa not in available_isas():
+            continue
+        outs[isa] = attention(minfer._minfer.Session(model, threads=2, isa=isa), q, k, v, pos, 12, 2, 128)
+    if "avx512" in outs:
+        assert np.array_equal(outs["avx2"], outs["avx512"])
+    scalar = minfer._minfer.Session(model, threads=2, isa="scalar")
     force("cpu.attention", "f32")
-    assert np.array_equal(rule, attention(minfer._minfer.Session(model, threads=2), q, k, v, [5, 150, 299], 12, 2, 128))
+    assert np.array_equal(attention(scalar, q, k, v, pos, 12, 2, 128), attention(
+        minfer._minfer.Session(model, threads=2), q, k, v, pos, 12, 2, 128))
+    assert not np.array_equal(outs["avx2"], attention(scalar, q, k, v, pos, 12, 2, 128))
     force("cpu.attention", "tiles")
     with pytest.raises(Exception, match="cpu.attention=tiles cannot run here"):
-        attention(avx2, q, k, v, [299], 12, 2, 128)
+        attention(scalar, q, k, v, [299], 12, 2, 128)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 CORE = ["common/error.cpp", "common/settings.cpp", "gguf/mapped_file.cpp", "gguf/gguf.cpp", "quant/types.cpp", "quant/dequantize.cpp",
         "quant/quantize.cpp", "quant/swiglu.cpp", "quant/dot_ref.cpp", "quant/dot_neon.cpp", "quant/dispatch.cpp",
         "runtime/thread_pool.cpp", "backends/cpu/matmul.cpp", "backends/cpu/ops.cpp", "backends/cpu/attention.cpp",
-        "backends/cpu/attention_tiles.cpp", "backends/kernel_choice.cpp", "backends/kv_format.cpp"]
+        "backends/kernel_choice.cpp", "backends/kv_format.cpp"]
 
 
 def test_neon_kernels_under_qemu(tmp_path):

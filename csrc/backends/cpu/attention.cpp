@@ -68,67 +68,9 @@ float softmax_unnormalized(float* s, int nk) {
 
 namespace {
 
-// s[j] = scale * (q . K row j), K: nk rows of hd floats.  Four keys share one
-// combined horizontal sum (each key's arithmetic is the same in the groups of 8
-// and of 4); the last nk % 4 keys are summed in order.
+// s[j] = scale * (q . K row j), K: nk rows of hd floats, each summed over the dims in order.
 void scores(const float* q, const float* K, int nk, int hd, float scale, float* s) {
-    int j = 0;
-#if defined(__AVX2__) && defined(__FMA__)
-    auto sum4 = [&](__m256 a0, __m256 a1, __m256 a2, __m256 a3, float* out) {
-        __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-        __m128 r = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        _mm_storeu_ps(out, _mm_mul_ps(r, _mm_set1_ps(scale)));
-    };
-    if (hd % 64 == 0 && hd > 128) {
-        // Wide heads (gemma: 256): q in slices of 64 dims (8 registers), each key's products accumulated
-        // slice after slice into its own register, 8 or 4 keys a pass (the same chain for a key either way).
-        auto dots = [&](const float* k, int n_keys, __m256* a) {
-            for (int t = 0; t < n_keys; t++) a[t] = _mm256_setzero_ps();
-            for (int d0 = 0; d0 < hd; d0 += 64) {
-                __m256 qv[8];
-                for (int v = 0; v < 8; v++) qv[v] = _mm256_loadu_ps(q + d0 + 8 * v);
-                for (int v = 0; v < 8; v++)
-                    for (int t = 0; t < n_keys; t++)
-                        a[t] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + size_t(t) * size_t(hd) + d0 + 8 * v), a[t]);
-            }
-        };
-        __m256 a[8];
-        for (; j + 8 <= nk; j += 8) {
-            dots(K + size_t(j) * size_t(hd), 8, a);
-            sum4(a[0], a[1], a[2], a[3], s + j);
-            sum4(a[4], a[5], a[6], a[7], s + j + 4);
-        }
-        for (; j + 4 <= nk; j += 4) {
-            dots(K + size_t(j) * size_t(hd), 4, a);
-            sum4(a[0], a[1], a[2], a[3], s + j);
-        }
-    }
-    if (hd % 8 == 0 && hd <= 128) {
-        const int nv = hd / 8;
-        __m256 qv[16];
-        for (int v = 0; v < nv; v++) qv[v] = _mm256_loadu_ps(q + 8 * v);
-        auto dot_row = [&](const float* k) {
-            __m256 acc = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k));
-            for (int v = 1; v < nv; v++) acc = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + 8 * v), acc);
-            return acc;
-        };
-        // eight keys at a time: eight independent chains of multiply-adds hide their latency
-        for (; j + 8 <= nk; j += 8) {
-            const float* k = K + size_t(j) * size_t(hd);
-            __m256 a[8];
-            for (int t = 0; t < 8; t++) a[t] = _mm256_mul_ps(qv[0], _mm256_loadu_ps(k + t * hd));
-            for (int v = 1; v < nv; v++)
-                for (int t = 0; t < 8; t++) a[t] = _mm256_fmadd_ps(qv[v], _mm256_loadu_ps(k + t * hd + 8 * v), a[t]);
-            sum4(a[0], a[1], a[2], a[3], s + j);
-            sum4(a[4], a[5], a[6], a[7], s + j + 4);
-        }
-        for (; j + 4 <= nk; j += 4) {
-            const float* k = K + size_t(j) * size_t(hd);
-            sum4(dot_row(k), dot_row(k + hd), dot_row(k + 2 * hd), dot_row(k + 3 * hd), s + j);
-        }
-    }
-#endif
-    for (; j < nk; j++) {
+    for (int j = 0; j < nk; j++) {
         const float* k = K + size_t(j) * size_t(hd);
         float acc = 0.0f;
         for (int d = 0; d < hd; d++) acc += q[d] * k[d];
@@ -140,21 +82,6 @@ void scores(const float* q, const float* K, int nk, int hd, float scale, float* 
 // multiply-add per key and dim, in key order, starting from 0 (first) or from
 // y, so a row's keys taken in several chunks give the same sums as in one.
 void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, float* y, bool first) {
-#if defined(__AVX2__) && defined(__FMA__)
-    if (hd % 64 == 0) {  // 64 dims held in 8 registers per pass over the keys
-        for (int d0 = 0; d0 < hd; d0 += 64) {
-            __m256 acc[8];
-            for (int v = 0; v < 8; v++) acc[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(y + d0 + 8 * v);
-            for (int j = 0; j < nk; j++) {
-                const __m256 a = _mm256_set1_ps(p[j] * scale);
-                const float* vj = V + size_t(j) * size_t(hd) + d0;
-                for (int v = 0; v < 8; v++) acc[v] = _mm256_fmadd_ps(a, _mm256_loadu_ps(vj + 8 * v), acc[v]);
-            }
-            for (int v = 0; v < 8; v++) _mm256_storeu_ps(y + d0 + 8 * v, acc[v]);
-        }
-        return;
-    }
-#endif
     if (first)
         for (int d = 0; d < hd; d++) y[d] = 0.0f;
     for (int j = 0; j < nk; j++) {
@@ -164,47 +91,10 @@ void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, f
     }
 }
 
-// weighted_sum for two heads of a group over the same values (pa, ya: head a; pb, yb: head b), each
-// (head, dim) summed exactly as weighted_sum sums it.  One head's 8 accumulators are 8 chains of
-// dependent multiply-adds, one step per key: the FMA latency, not its throughput, set the pace.  Two
-// heads make 16 chains and share each value load.  16 accumulators need AVX-512's 32 registers.
-#if defined(__AVX512F__) && defined(__FMA__)
-bool has_weighted_sum2(int hd) { return hd % 64 == 0; }
-#else
-bool has_weighted_sum2(int) { return false; }
-#endif
-
-void weighted_sum2(const float* pa, float sa, const float* pb, float sb, const float* V, int nk, int hd, float* ya,
-                   float* yb, bool first) {
-#if defined(__AVX512F__) && defined(__FMA__)
-    for (int d0 = 0; d0 < hd; d0 += 64) {
-        __m256 acc_a[8], acc_b[8];
-        for (int v = 0; v < 8; v++) {
-            acc_a[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(ya + d0 + 8 * v);
-            acc_b[v] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(yb + d0 + 8 * v);
-        }
-        for (int j = 0; j < nk; j++) {
-            const __m256 a = _mm256_set1_ps(pa[j] * sa), b = _mm256_set1_ps(pb[j] * sb);
-            const float* vj = V + size_t(j) * size_t(hd) + d0;
-            for (int v = 0; v < 8; v++) {
-                const __m256 x = _mm256_loadu_ps(vj + 8 * v);
-                acc_a[v] = _mm256_fmadd_ps(a, x, acc_a[v]);
-                acc_b[v] = _mm256_fmadd_ps(b, x, acc_b[v]);
-            }
-        }
-        for (int v = 0; v < 8; v++) {
-            _mm256_storeu_ps(ya + d0 + 8 * v, acc_a[v]);
-            _mm256_storeu_ps(yb + d0 + 8 * v, acc_b[v]);
-        }
-    }
-#else
-    (void)pa, (void)sa, (void)pb, (void)sb, (void)V, (void)nk, (void)hd, (void)ya, (void)yb, (void)first;
-#endif
-}
-// The task on the CPU's vector units in f32: each chunk of keys converted to f32 once, dot products and
-// weighted sums a (row, head) at a time.
+// The task in portable f32 (NEON and scalar builds, and heads the register tiles do not take): each chunk
+// of keys converted to f32 once, dot products and weighted sums a (row, head) at a time.
 void f32_attention_task(const AttnTask& t) {
-    constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1); a multiple of scores()'s groups of 8
+    constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1)
     const int head_dim = t.head_dim, g = t.g, h0 = t.h0, h1 = t.h1, nh = h1 - h0, k_lo = t.k_lo, n_keys = t.n_keys;
     const int64_t r0 = t.r0, r1 = t.r1;
     const int32_t* pos = t.pos;
@@ -260,19 +150,36 @@ void f32_attention_task(const AttnTask& t) {
         auto y = [&](int h) { return t.out + r * t.out_ld + int64_t(h) * head_dim; };
         const float* V = &C[size_t(c) * size_t(head_dim)];
         const bool first = j == first_key(r);
-        int h = h0;
-        for (; has_weighted_sum2(head_dim) && h + 2 <= h1; h += 2)
-            weighted_sum2(score(r, h, j), inv[at(r, h)], score(r, h + 1, j), inv[at(r, h + 1)], V, nk, head_dim, y(h),
-                          y(h + 1), first);
-        for (; h < h1; h++) weighted_sum(score(r, h, j), inv[at(r, h)], V, nk, head_dim, y(h), first);
+        for (int h = h0; h < h1; h++) weighted_sum(score(r, h, j), inv[at(r, h)], V, nk, head_dim, y(h), first);
     });
+}
+
+}  // namespace
+
+namespace {
+
+// The register tiles' vector width for a session's ISA tier (0: this build has none for it).
+int tiles_width(Isa isa) {
+#if defined(MINFER_HAVE_AVX512)
+    if (isa == Isa::avx512) return 16;
+#endif
+#if defined(MINFER_HAVE_AVX2)
+    if (isa == Isa::avx2 || isa == Isa::avx512) return 8;
+#endif
+    (void)isa;
+    return 0;
+}
+
+bool tiles_fit(int head_dim, Isa isa) {
+    const int w = tiles_width(isa);
+    return w > 0 && head_dim % w == 0 && head_dim <= 256;
 }
 
 }  // namespace
 
 const char* cpu_attention_kernel(uint32_t kv_type, int head_dim, Isa isa) {
     (void)kv_type;  // every cache type is read through the same f32 conversion
-    return isa == Isa::avx512 && tiles_attention_fits(head_dim) ? "tiles" : "f32";
+    return tiles_fit(head_dim, isa) ? "tiles" : "f32";
 }
 
 void cpu_kv_store(const float* k, int64_t k_ld, const float* v, int64_t v_ld, int64_t rows, const int32_t* pos,
@@ -330,8 +237,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     // pool (decode: 2-8 kv heads).  Each (row, head) runs the same arithmetic
     // however tasks and chunks are cut and tokens batched, so prefix reuse gives
     // the answer a fresh prompt gives.  The kernel follows the cache, the CPU and the session's ISA tier
-    // alone (AVX-512 register tiles where the tier has them), the same for every row: decode and prompt rows
-    // agree.
+    // alone (register tiles as wide as the tier's vectors where it has them), the same for every row: decode
+    // and prompt rows agree.
     constexpr int64_t kBlock = 16;
     std::vector<std::pair<int64_t, int64_t>> blocks;  // query rows of one run, kBlock at most
     for (auto [a, e] : runs)
@@ -342,9 +249,12 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     const int per_part = (group + parts - 1) / parts;
     const std::string forced = forced_kernel("cpu.attention"), rule = cpu_attention_kernel(kv.type, head_dim, isa);
     const std::string kernel = forced.empty() ? rule : forced;
-    if (kernel == "tiles" && !(isa == Isa::avx512 && tiles_attention_fits(head_dim)))
-        throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx512 kernels and heads of "
-                                 "a multiple of 16 up to 256; head_dim %d, %s)", head_dim, isa_name(isa)));
+    if (kernel == "tiles" && !tiles_fit(head_dim, isa))
+        throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx2 or avx512 kernels and "
+                                 "heads of a multiple of their vector width up to 256; head_dim %d, %s)", head_dim,
+                                 isa_name(isa)));
+    const int width = tiles_width(isa);
+    (void)width;  // (a build without x86 tiles)
     pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
         const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
         const auto [r0, r1] = blocks[size_t(task / (int64_t(n_head_kv) * parts))];
@@ -358,7 +268,9 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
             t.n_keys = std::max(t.n_keys, pos[r] + 1);
             t.k_lo = std::min(t.k_lo, t.first_key(r));
         }
-        if (kernel == "tiles") tiles_attention_task(t);
+#if defined(MINFER_HAVE_AVX2)
+        if (kernel == "tiles") return width == 16 ? tiles_attention_task_avx512(t) : tiles_attention_task_avx2(t);
+#endif
         else f32_attention_task(t);
     });
 }

@@ -39,9 +39,8 @@ struct AttnTask {
 // s[j] <- exp(s[j] - max s) over j < nk; returns 1 / their sum.
 float softmax_unnormalized(float* s, int nk);
 
-// Attention in f32 on AVX-512 register tiles (attention_tiles.cpp): whether this build has it for heads of this
-// size (the caller checks the CPU), and the task itself.
-bool tiles_attention_fits(int head_dim);
-void tiles_attention_task(const AttnTask& t);
+// Attention in f32 on register tiles (attention_tiles.inc), built for AVX-512 and for AVX2 on x86-64.
+void tiles_attention_task_avx512(const AttnTask& t);
+void tiles_attention_task_avx2(const AttnTask& t);
 
 }  // namespace minfer
