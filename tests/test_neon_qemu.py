@@ -1,7 +1,7 @@
 """The NEON kernels, on a machine without ARM: the core library and
 tests/native/dot_check.cpp are cross-compiled for AArch64 (+dotprod) and run
 under qemu-aarch64, checking every NEON dot product against the scalar
-reference (K-quants bit for bit).  .ci/run installs the cross compiler and
+reference (K-quants bit for bit) and the NEON attention tiles against float64.  .ci/run installs the cross compiler and
 qemu from Debian; elsewhere the test says what is missing."""
 import shutil
 import subprocess
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 CORE = ["common/error.cpp", "common/settings.cpp", "gguf/mapped_file.cpp", "gguf/gguf.cpp", "quant/types.cpp", "quant/dequantize.cpp",
         "quant/quantize.cpp", "quant/swiglu.cpp", "quant/dot_ref.cpp", "quant/dot_neon.cpp", "quant/dispatch.cpp",
         "runtime/thread_pool.cpp", "backends/cpu/matmul.cpp", "backends/cpu/ops.cpp", "backends/cpu/attention.cpp",
-        "backends/kernel_choice.cpp", "backends/kv_format.cpp"]
+        "backends/cpu/attention_tiles_neon.cpp", "backends/kernel_choice.cpp", "backends/kv_format.cpp"]
 
 
 def test_neon_kernels_under_qemu(tmp_path):
@@ -29,4 +29,5 @@ def test_neon_kernels_under_qemu(tmp_path):
     run = subprocess.run([qemu, str(exe), "neon"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     lines = run.stdout.strip().splitlines()
-    assert len(lines) == 15 and all(" 0 bad" in ln for ln in lines), run.stdout
+    assert len(lines) == 16 and all(" 0 bad" in ln for ln in lines), run.stdout
+    assert "(kernel tiles)" in lines[-1], run.stdout

@@ -2,17 +2,24 @@
 // for ISAs the test machine cannot run natively (NEON: cross-compiled and run
 // under qemu-aarch64 by tests/test_neon_qemu.py).  Same contract as
 // tests/test_dot.py: K-quants and IQ4_XS bit-identical to the reference, the other types
-// within 2 * (n_terms + 4) * 2^-24 * sum|w_i a_i|.
+// within 2 * (n_terms + 4) * 2^-24 * sum|w_i a_i|.  Then the ISA's attention tiles against
+// float64, with a decode row alone equal bit for bit to the same row in a prompt (as
+// tests/test_cpu_attention.py checks the x86 ones).
 //
-//   usage: dot_check ISA     (prints one line per type, exits 1 on any failure)
+//   usage: dot_check ISA     (prints one line per type and one for attention, exits 1 on any failure)
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "backends/cpu/attention.h"
+#include "backends/kernel_choice.h"
+#include "backends/kv_format.h"
 #include "common/half.h"
 #include "quant/quant.h"
+#include "runtime/thread_pool.h"
 
 using namespace minfer;
 
@@ -53,6 +60,56 @@ std::vector<uint8_t> random_row(std::mt19937& rng, uint32_t t, int n) {
             }
     }
     return row;
+}
+
+// Attention on the ISA's tiles (heads 8 over 2 of 64, an f16 cache of 300 positions, the last 20 as a prompt)
+// against float64 over the stored values; then rows 0, 7 and 19 alone.  Returns the bad values.
+int attention_check(Isa isa, std::mt19937& rng) {
+    const int n_head = 8, n_kv = 2, hd = 64, n_ctx = 300, rows = 20, dim = n_kv * hd, qd = n_head * hd;
+    std::normal_distribution<float> normal;
+    std::vector<float> q(size_t(rows * qd)), k(size_t(n_ctx * dim)), v(size_t(n_ctx * dim));
+    for (auto& x : q) x = normal(rng);
+    for (auto& x : k) x = 2 * normal(rng);
+    for (auto& x : v) x = normal(rng);
+    const KvLayout kv{GGML_TYPE_F16, dim, n_ctx};
+    std::vector<uint8_t> kc(kv_row_bytes(GGML_TYPE_F16, dim) * n_ctx), vc(kc.size());
+    std::vector<int32_t> all(n_ctx), pos(rows);
+    for (int j = 0; j < n_ctx; j++) all[size_t(j)] = j;
+    for (int r = 0; r < rows; r++) pos[size_t(r)] = n_ctx - rows + r;
+    cpu_kv_store(k.data(), dim, v.data(), dim, n_ctx, all.data(), kc.data(), vc.data(), kv);
+    ThreadPool pool(2);
+    force_kernel("cpu.attention", "tiles");
+    const float scale = 1.0f / std::sqrt(float(hd));
+    std::vector<float> out(size_t(rows) * size_t(qd)), one(static_cast<size_t>(qd));
+    cpu_attention(q.data(), qd, out.data(), qd, rows, pos.data(), kc.data(), vc.data(), kv, n_head, n_kv, hd, scale, 0,
+                  pool, isa);
+    int bad = 0;
+    auto f16 = [](float x) { return double(f16_to_f32(f32_to_f16(x))); };
+    for (int r = 0; r < rows; r++)
+        for (int h = 0; h < n_head; h++) {
+            const int g = h / (n_head / n_kv);
+            std::vector<double> s(size_t(pos[size_t(r)] + 1));
+            double mx = -1e300, sum = 0;
+            for (int j = 0; j <= pos[size_t(r)]; j++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += double(q[size_t(r * qd + h * hd + i)]) * f16(k[size_t(j * dim + g * hd + i)]);
+                s[size_t(j)] = d * scale, mx = std::max(mx, s[size_t(j)]);
+            }
+            for (auto& x : s) sum += (x = std::exp(x - mx));
+            for (int i = 0; i < hd; i++) {
+                double y = 0;
+                for (int j = 0; j <= pos[size_t(r)]; j++) y += s[size_t(j)] / sum * f16(v[size_t(j * dim + g * hd + i)]);
+                if (std::fabs(y - out[size_t(r * qd + h * hd + i)]) > 1e-5 * (1 + std::fabs(y))) bad++;
+            }
+        }
+    for (int r : {0, 7, 19}) {
+        cpu_attention(q.data() + r * qd, qd, one.data(), qd, 1, pos.data() + r, kc.data(), vc.data(), kv, n_head, n_kv,
+                      hd, scale, 0, pool, isa);
+        if (std::memcmp(one.data(), out.data() + r * qd, size_t(qd) * 4) != 0) bad++;
+    }
+    std::printf("attn  %-6s %d checked, %d bad (kernel %s)\n", isa_name(isa), rows * qd + 3, bad,
+                cpu_attention_kernel(GGML_TYPE_F16, hd, isa));
+    return bad;
 }
 
 }  // namespace
@@ -102,5 +159,6 @@ int main(int argc, char** argv) {
                     kquant ? " (bit-exact required)" : "");
         failures += bad;
     }
+    failures += attention_check(isa, rng);
     return failures ? 1 : 0;
 }

@@ -166,6 +166,9 @@ int tiles_width(Isa isa) {
 #if defined(MINFER_HAVE_AVX2)
     if (isa == Isa::avx2 || isa == Isa::avx512) return 8;
 #endif
+#if defined(MINFER_HAVE_NEON)
+    if (isa == Isa::neon) return 4;
+#endif
     (void)isa;
     return 0;
 }
@@ -250,8 +253,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
     const std::string forced = forced_kernel("cpu.attention"), rule = cpu_attention_kernel(kv.type, head_dim, isa);
     const std::string kernel = forced.empty() ? rule : forced;
     if (kernel == "tiles" && !tiles_fit(head_dim, isa))
-        throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx2 or avx512 kernels and "
-                                 "heads of a multiple of their vector width up to 256; head_dim %d, %s)", head_dim,
+        throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx2, avx512 or neon kernels "
+                                 "and heads of a multiple of their vector width up to 256; head_dim %d, %s)", head_dim,
                                  isa_name(isa)));
     const int width = tiles_width(isa);
     (void)width;  // (a build without x86 tiles)
@@ -270,6 +273,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         }
 #if defined(MINFER_HAVE_AVX2)
         if (kernel == "tiles") return width == 16 ? tiles_attention_task_avx512(t) : tiles_attention_task_avx2(t);
+#elif defined(MINFER_HAVE_NEON)
+        if (kernel == "tiles") return tiles_attention_task_neon(t);
 #endif
         else f32_attention_task(t);
     });

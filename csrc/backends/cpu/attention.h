@@ -38,8 +38,8 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
                    int head_dim, float scale, int window, ThreadPool& pool, Isa isa, const KvPages* pages = nullptr);
 
 // The kernel cpu_attention's rule picks for a cache type and head size on this CPU with the kernels of `isa`:
-// "tiles" (f32 on register tiles, 16 lanes on the avx512 tier and 8 on avx2: heads of a multiple of the width up
-// to 256) or "f32" (the vector units a (row, head) at a time); cpu.attention forces one.
+// "tiles" (f32 on register tiles, 16 lanes on the avx512 tier, 8 on avx2, 4 on neon: heads of a multiple of the
+// width up to 256) or "f32" (portable loops a (row, head) at a time); cpu.attention forces one.
 const char* cpu_attention_kernel(uint32_t kv_type, int head_dim, Isa isa);
 
 }  // namespace minfer

@@ -39,8 +39,9 @@ struct AttnTask {
 // s[j] <- exp(s[j] - max s) over j < nk; returns 1 / their sum.
 float softmax_unnormalized(float* s, int nk);
 
-// Attention in f32 on register tiles (attention_tiles.inc), built for AVX-512 and for AVX2 on x86-64.
+// Attention in f32 on register tiles (attention_tiles.inc), built for AVX-512 and AVX2 on x86-64, NEON on ARM.
 void tiles_attention_task_avx512(const AttnTask& t);
 void tiles_attention_task_avx2(const AttnTask& t);
+void tiles_attention_task_neon(const AttnTask& t);
 
 }  // namespace minfer
