@@ -44,7 +44,7 @@ def build_driver() -> Path:
     if not GNUSTEP.exists() or not Path("/usr/include/Block.h").exists():
         pytest.skip("GNUstep Foundation / BlocksRuntime headers are not installed (.ci/run installs them)")
     cpp = [p for p in sorted((REPO / "csrc").rglob("*.cpp"))
-           if "python" not in p.parts and p.name not in ("metal_stub.cpp", "dot_neon.cpp")]
+           if "python" not in p.parts and p.name not in ("metal_stub.cpp", "dot_neon.cpp", "attention_tiles_neon.cpp")]
     mm = [REPO / "csrc/backends/metal/metal_backend.mm", REPO / "tests/metal_mock/mock_metal.mm"]
     extra = [REPO / "tests/metal_mock/dispatch_stub.cpp", REPO / "tests/native/metal_forward.cpp"]
     headers = sorted((REPO / "csrc").rglob("*.h")) + sorted((REPO / "csrc").rglob("*.inc")) + \
@@ -60,9 +60,9 @@ def build_driver() -> Path:
     gcc_inc = subprocess.run(["gcc", "-print-file-name=include"], capture_output=True, text=True).stdout.strip()
     inc = ["-I", str(REPO / "csrc"), "-I", str(REPO / "metal"), "-I", str(REPO / "tests/metal_stub"),
            "-I", str(REPO / "tests/mslemu")]
-    isa = {"dot_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"],
-           "dot_avx512.cpp": ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-                              "-mavx512vnni"]}
+    avx512 = ["-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+    isa = {"dot_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"], "dot_avx512.cpp": avx512 + ["-mavx512vnni"],
+           "attention_tiles_avx2.cpp": ["-mavx2", "-mfma", "-mf16c"], "attention_tiles_avx512.cpp": avx512}
     jobs = []
     for i, src in enumerate(cpp + extra):
         flags = isa.get(src.name, [])

@@ -402,9 +402,20 @@ class Engine:
         # and the step returns (or picks from) every row's logits.
         tokens, positions, lens, slots, owner = [], [], [], [], []
         first = []  # batch index -> its first row of the step's output
+        rows = []  # rows that sample: a decode row, or a prompt's last chunk
+        spec = set()  # batch indices of sequences with a draft
+        constrained = []  # (matcher, row) of the rows that sample under a constraint
+        greedy = decode_only = True  # every sampling row greedy without logprobs; every sequence decoding
         for i, (r, n) in enumerate(batch):
             first.append(len(owner))
+            if r.decoding or r.n_kv + n == len(r.all_tokens):
+                rows.append(len(owner))
+                greedy = greedy and r.greedy and r.logprobs is None
+                if r.matcher is not None:
+                    constrained.append((r.matcher, len(owner)))
+            decode_only = decode_only and r.decoding
             if r.decoding and r.draft:
+                spec.add(i)
                 for j, t in enumerate([r.all_tokens[r.n_kv]] + r.draft):
                     tokens.append(t)
                     positions.append(r.n_kv + j)
@@ -425,13 +436,8 @@ class Engine:
         window_tables = None if self.window_pool is None else self._window_tables[slots]
         args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables,
                 window_tables)
-        # rows that sample: a decode row, or a prompt's last chunk
-        rows = [first[i] for i, (r, n) in enumerate(batch) if r.decoding or r.n_kv + n == len(r.all_tokens)]
-        spec = {i for i, (r, _) in enumerate(batch) if r.decoding and r.draft}
-        greedy = all(batch[owner[k]][0].greedy and batch[owner[k]][0].logprobs is None for k in rows)
         lps: dict[int, tuple] = {}
         logits = None
-        constrained = [(batch[owner[k]][0].matcher, k) for k in rows if batch[owner[k]][0].matcher is not None]
         masks = (lambda: self._fill_masks(constrained, len(owner))) if constrained else None
         t0 = time.perf_counter()
         if greedy:
@@ -448,7 +454,6 @@ class Engine:
                     lps[k] = _logprobs(logits[k], int(picked[k]), r.logprobs)
         self.steps += 1
         step_s = time.perf_counter() - t0
-        decode_only = all(r.decoding for r, _ in batch)
         if not spec and decode_only:  # a plain decode step
             self._plain_s = step_s if self._plain_s is None else 0.7 * self._plain_s + 0.3 * step_s
             per = step_s / len(batch)
