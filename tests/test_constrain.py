@@ -277,12 +277,14 @@ def test_regex_choices_and_grammars(qwen05_path):
             assert re.fullmatch(r"\([1-9][0-9]?([+*][1-9][0-9]?)*\)", g.text), g.text
             y = llm.generate("Is it raining?", max_tokens=10, grammar=lark, **kw)
             assert y.text in ("yes", "no", "maybe")
-        # prompt lookup with a constraint: drafts checked against the mask, the same greedy tokens
-        a = llm.generate("Repeat: [1, 2, 3, 1, 2, 3, 1, 2, 3]", max_tokens=100,
+        # prompt lookup with a constraint: drafts checked against the mask, the same greedy tokens (a prompt whose
+        # greedy answer repeats the list, so that lookup has drafts to offer)
+        repeat = ">>> a = [1, 2, 3, 1, 2, 3, 1, 2, 3]\n>>> a\n"
+        a = llm.generate(repeat, max_tokens=100,
                          json_schema={"type": "array", "items": {"type": "integer"}, "maxItems": 12})
-        b = llm.generate("Repeat: [1, 2, 3, 1, 2, 3, 1, 2, 3]", max_tokens=100, lookup=True,
+        b = llm.generate(repeat, max_tokens=100, lookup=True,
                          json_schema={"type": "array", "items": {"type": "integer"}, "maxItems": 12})
-        assert a.metrics.stop_reason == "stop" and json.loads(a.text)
+        assert a.metrics.stop_reason == "stop" and json.loads(a.text) == [1, 2, 3] * 3
         assert a.tokens == b.tokens and b.metrics.accepted_tokens > 0
         with pytest.raises(ValueError, match="json_schema"):
             llm.generate("x", json_schema={"type": "nope"})
