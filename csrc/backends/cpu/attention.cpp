@@ -276,7 +276,7 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
 #elif defined(MINFER_HAVE_NEON)
         if (kernel == "tiles") return tiles_attention_task_neon(t);
 #endif
-        else f32_attention_task(t);
+        f32_attention_task(t);
     });
 }
 
