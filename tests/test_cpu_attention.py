@@ -1,5 +1,5 @@
-"""The CPU attention's two kernels -- f32 on the vector units a (row, head) at a time, and f32 on AVX-512
-register tiles (cpu.attention=f32|tiles; the rule takes tiles where the session's ISA tier is avx512) -- against
+"""The CPU attention's two kernels -- f32 in portable loops a (row, head) at a time, and f32 on register tiles
+(cpu.attention=f32|tiles; the rule takes tiles on the avx2, avx512 and neon tiers) -- against
 float64 at long context, and the invariants prefix reuse and preemption rest on: a row's result does not
 depend on the rows beside it (a decode row alone gives the bits it has inside a prompt) nor on how the work
 is cut into tasks."""
@@ -10,8 +10,7 @@ import minfer
 from attention_ref import causal_attention_f64
 from backend_compare import close
 from conftest import real_model
-from minfer.quants import available_isas
-from minfer.quants import GGMLType, dequantize, quantize
+from minfer.quants import GGMLType, available_isas, dequantize, quantize
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,7 @@ def has_tiles():
 @pytest.fixture(params=["f32", "tiles"])
 def kernel(request, force):
     if request.param == "tiles" and not has_tiles():
-        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+        pytest.skip("this CPU (or the session's ISA tier) has no tiles (AVX2, AVX-512 or NEON)")
     force("cpu.attention", request.param)
     return request.param
 
@@ -122,7 +121,7 @@ def test_tiles_against_float64_on_other_caches(model, rng, force, kv_type, head_
     are not a multiple of 64 (96, 80): against float64 over the stored values (q8_0: what the cache holds, its
     blocks quantized and dequantized by the reference)."""
     if not has_tiles():
-        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+        pytest.skip("this CPU (or the session's ISA tier) has no tiles (AVX2, AVX-512 or NEON)")
     s = minfer._minfer.Session(model, threads=2)
     n_head, n_head_kv, n_ctx = 10, 2, 700
     k = (rng.standard_normal((n_ctx, n_head_kv * head_dim)) * 3).astype(np.float32)
@@ -141,7 +140,7 @@ def test_tiles_against_float64_on_other_caches(model, rng, force, kv_type, head_
 def test_tiles_differ_from_f32(model, rng, force):
     """The forced tiles kernel is not the f32 one under another name: its sums run in another order."""
     if not has_tiles():
-        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+        pytest.skip("this CPU (or the session's ISA tier) has no tiles (AVX2, AVX-512 or NEON)")
     s = minfer._minfer.Session(model, threads=2)
     k = rng.standard_normal((512, 256)).astype(np.float32)
     v = rng.standard_normal((512, 256)).astype(np.float32)
@@ -154,12 +153,12 @@ def test_tiles_differ_from_f32(model, rng, force):
     close(outs[1], outs[0], 1e-5)
 
 
-@pytest.mark.parametrize("head_dim", [72, 272])
+@pytest.mark.parametrize("head_dim", [66, 272])
 def test_tiles_refuse_what_they_lack(model, rng, force, head_dim):
-    """Forced onto heads that are not a multiple of 16 or wider than 256, the tiles are an error naming why,
-    never a silent f32 run; the rule gives such heads the f32 kernel."""
+    """Forced onto heads that are not a multiple of the vector width (66: of no width) or wider than 256, the
+    tiles are an error naming why, never a silent f32 run; the rule gives such heads the f32 kernel."""
     if not has_tiles():
-        pytest.skip("this CPU (or the session's ISA tier) has no AVX-512")
+        pytest.skip("this CPU (or the session's ISA tier) has no tiles (AVX2, AVX-512 or NEON)")
     assert minfer._minfer.cpu_attention_kernel("f16", head_dim) == "f32"
     s = minfer._minfer.Session(model, threads=2)
     k = rng.standard_normal((64, head_dim)).astype(np.float32)

@@ -1,8 +1,9 @@
 """The NEON kernels, on a machine without ARM: the core library and
 tests/native/dot_check.cpp are cross-compiled for AArch64 (+dotprod) and run
 under qemu-aarch64, checking every NEON dot product against the scalar
-reference (K-quants bit for bit) and the NEON attention tiles against float64.  .ci/run installs the cross compiler and
-qemu from Debian; elsewhere the test says what is missing."""
+reference (K-quants bit for bit) and the NEON attention tiles against float64.
+.ci/run installs the cross compiler and qemu from Debian; elsewhere the test
+says what is missing."""
 import shutil
 import subprocess
 from pathlib import Path

@@ -95,10 +95,9 @@ void weighted_sum(const float* p, float scale, const float* V, int nk, int hd, f
 // of keys converted to f32 once, dot products and weighted sums a (row, head) at a time.
 void f32_attention_task(const AttnTask& t) {
     constexpr int kChunk = 32;  // 16 KB of f32 for head_dim 128 (L1)
-    const int head_dim = t.head_dim, g = t.g, h0 = t.h0, h1 = t.h1, nh = h1 - h0, k_lo = t.k_lo, n_keys = t.n_keys;
+    const int head_dim = t.head_dim, h0 = t.h0, h1 = t.h1, nh = h1 - h0, k_lo = t.k_lo, n_keys = t.n_keys;
     const int64_t r0 = t.r0, r1 = t.r1;
     const int32_t* pos = t.pos;
-    const KvLayout& kv = *t.kv;
     auto first_key = [&](int64_t r) { return t.first_key(r); };
     const int span = n_keys - k_lo;
     // per-thread scratch, reused across calls: one chunk of keys or values, the scores of every
@@ -107,29 +106,16 @@ void f32_attention_task(const AttnTask& t) {
     C.resize(size_t(kChunk) * size_t(head_dim));
     S.resize(size_t(r1 - r0) * size_t(nh) * size_t(span));
     inv.resize(size_t(r1 - r0) * size_t(nh));
-    // This kv head's slice of a cache row is a few cache lines out of every row: the rows ahead
-    // are prefetched (a task's reads are a strided walk the hardware prefetchers follow poorly).
-    const size_t slice0 = kv_row_bytes(kv.type, int64_t(g) * head_dim), slice = kv_row_bytes(kv.type, head_dim);
     // each chunk of the cache, converted once, to every row of the task that sees part of it (fn serves
     // the task's heads): fn(row, first key, keys, its offset in the chunk).  Chunks start at multiples of
     // kChunk and a row's keys in a chunk depend only on its position, so its arithmetic does too.
-    // Each row converted asks for the matching row of the next chunk, into L2 (prefetcht1): the
-    // fetch then has a whole chunk's arithmetic to arrive in.  A core has few L1 miss slots, and
-    // prefetches into L1 held them and stalled the conversion's own loads (a cold 295 KB walk with
-    // a chunk's work between chunks: 67 us without prefetch, 56 into L1, 45 into L2).
+    // Each row converted asks for the matching row of the next chunk: the fetch then has a whole chunk's
+    // arithmetic to arrive in.
     auto over_chunks = [&](const uint8_t* cache, auto&& fn) {
         const int hdim = head_dim;  // a local: the stores below could alias the captured one
         for (int j0 = k_lo / kChunk * kChunk; j0 < n_keys; j0 += kChunk) {
             const int n = std::min(kChunk, n_keys - j0);
-            for (int j = std::max(0, k_lo - j0); j < n; j++) {
-                if (j0 + j + kChunk < n_keys)
-                    for (size_t b = 0; b < slice; b += 64)
-                        __builtin_prefetch(t.key(cache, j0 + j + kChunk) + slice0 + b, 0, 2);
-                float* c = &C[size_t(j) * size_t(hdim)];
-                const uint8_t* row = t.key(cache, j0 + j);
-                if (kv.type == GGML_TYPE_F16) kv_read_f16(row, int64_t(g) * hdim, c, hdim);
-                else kv_read_row(kv.type, row, int64_t(g) * hdim, c, hdim);
-            }
+            for (int j = std::max(0, k_lo - j0); j < n; j++) t.read_row(cache, j0 + j, kChunk, &C[size_t(j) * size_t(hdim)]);
             for (int64_t r = r0; r < r1; r++) {
                 const int a = std::max(j0, first_key(r)), e = std::min(j0 + n, pos[r] + 1);
                 if (a < e) fn(r, a, e - a, a - j0);
@@ -154,27 +140,28 @@ void f32_attention_task(const AttnTask& t) {
     });
 }
 
-}  // namespace
+struct Tiles {
+    void (*task)(const AttnTask&);
+    int width;  // lanes
+};
 
-namespace {
-
-// The register tiles' vector width for a session's ISA tier (0: this build has none for it).
-int tiles_width(Isa isa) {
+// The register tiles for a session's ISA tier ({null, 0}: this build has none for it).
+Tiles tiles_for(Isa isa) {
 #if defined(MINFER_HAVE_AVX512)
-    if (isa == Isa::avx512) return 16;
+    if (isa == Isa::avx512) return {tiles_attention_task_avx512, 16};
 #endif
 #if defined(MINFER_HAVE_AVX2)
-    if (isa == Isa::avx2 || isa == Isa::avx512) return 8;
+    if (isa == Isa::avx2 || isa == Isa::avx512) return {tiles_attention_task_avx2, 8};
 #endif
 #if defined(MINFER_HAVE_NEON)
-    if (isa == Isa::neon) return 4;
+    if (isa == Isa::neon) return {tiles_attention_task_neon, 4};
 #endif
     (void)isa;
-    return 0;
+    return {nullptr, 0};
 }
 
 bool tiles_fit(int head_dim, Isa isa) {
-    const int w = tiles_width(isa);
+    const int w = tiles_for(isa).width;
     return w > 0 && head_dim % w == 0 && head_dim <= 256;
 }
 
@@ -256,27 +243,22 @@ void cpu_attention(const float* q, int64_t q_ld, float* out, int64_t out_ld, int
         throw MinferError(strfmt("Attn: cpu.attention=tiles cannot run here (it needs the avx2, avx512 or neon kernels "
                                  "and heads of a multiple of their vector width up to 256; head_dim %d, %s)", head_dim,
                                  isa_name(isa)));
-    const int width = tiles_width(isa);
-    (void)width;  // (a build without x86 tiles)
+    const size_t head_bytes = kv_row_bytes(kv.type, head_dim);
+    void (*const run_task)(const AttnTask&) = kernel == "tiles" ? tiles_for(isa).task : f32_attention_task;
     pool.parallel_for(int64_t(n_head_kv) * n_blocks * parts, [&](int64_t task, int) {
         const int g = int(task % n_head_kv), part = int(task / n_head_kv % parts);
         const auto [r0, r1] = blocks[size_t(task / (int64_t(n_head_kv) * parts))];
         const int h0 = g * group + part * per_part, h1 = std::min((g + 1) * group, h0 + per_part);
         if (h0 >= h1) return;
-        AttnTask t{q, q_ld, out, out_ld, r0, r1, pos, window, g, h0, h1, head_dim, scale, k_cache, v_cache, rb, &kv,
-                   pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr, bs, 0, 0};
+        AttnTask t{q, q_ld, out, out_ld, r0, r1, pos, window, g, h0, h1, head_dim, scale, k_cache, v_cache, rb, head_bytes,
+                   &kv, pages ? pages->tables + size_t(pages->seq[r0]) * size_t(pages->max_blocks) : nullptr, bs, 0, 0};
         // row r sees keys [first_key(r), pos[r]]; the task, keys [k_lo, n_keys)
         t.k_lo = pos[r0];
         for (int64_t r = r0; r < r1; r++) {
             t.n_keys = std::max(t.n_keys, pos[r] + 1);
             t.k_lo = std::min(t.k_lo, t.first_key(r));
         }
-#if defined(MINFER_HAVE_AVX2)
-        if (kernel == "tiles") return width == 16 ? tiles_attention_task_avx512(t) : tiles_attention_task_avx2(t);
-#elif defined(MINFER_HAVE_NEON)
-        if (kernel == "tiles") return tiles_attention_task_neon(t);
-#endif
-        f32_attention_task(t);
+        run_task(t);
     });
 }
 
