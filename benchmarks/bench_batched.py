@@ -19,8 +19,9 @@ sampling, detokenizing included): generated tokens over the whole time, beside l
 the same B.  --prefix N: 16 requests sharing an N-token system prompt, each sent after the previous one's
 first token, to minfer.batch.Engine: the time to first token of the 1st (computes the prefix) against the
 16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.  --overhead B:
-the engine's own time a step (scheduling, the step's arrays, streaming) with B greedy sequences of the tiny
-synthetic model, its steps timed apart: the host's share of a step, whatever device runs the steps.
+the engine's own time a step (scheduling, the step's arrays, sampling, streaming) with B greedy sequences of
+the tiny synthetic model (--temp T: sampled), its steps timed apart: the host's share of a step, whatever
+device runs the steps.
 """
 from __future__ import annotations
 
@@ -150,9 +151,11 @@ def profile(model, a, P: int, T: int) -> None:
             print(f"  {k:14s} {ms:8.3f} ms")
 
 
-def engine_overhead(B: int, threads: int, T: int = 64) -> tuple[float, float]:
-    """(the engine's own ms a step, the steps' ms) for B greedy sequences of 16 prompt tokens and T tokens
-    each, on the tiny synthetic model (the CPU runs its steps; only the time around them is the engine's)."""
+def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0) -> tuple[float, float]:
+    """(the engine's own ms a step, the steps' ms) for B sequences of 16 prompt tokens and T tokens each, greedy
+    or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p 0.95, min_p 0.05), on the tiny
+    synthetic model (152k tokens; the CPU runs its steps; only the time around them is the engine's, the
+    samplers' softmaxes included)."""
     from conftest import synthetic_model
     from minfer.batch import Engine
 
@@ -171,9 +174,16 @@ def engine_overhead(B: int, threads: int, T: int = 64) -> tuple[float, float]:
                 out = runner.step_greedy(*a, **kw)
                 in_steps[0] += time.perf_counter() - t
                 return out
+
+            def step(self, *a, **kw):
+                t = time.perf_counter()
+                out = runner.step(*a, **kw)
+                in_steps[0] += time.perf_counter() - t
+                return out
         eng._runner = Timed()
+        sampling = dict(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1) if temperature else {}
         s0, t0 = eng.steps, time.perf_counter()
-        eng.generate_batch(prompts, max_tokens=T)
+        eng.generate_batch(prompts, max_tokens=T, **sampling)
         dt, n = time.perf_counter() - t0, eng.steps - s0
     return (dt - in_steps[0]) / n * 1e3, in_steps[0] / n * 1e3
 
@@ -207,15 +217,17 @@ def main():
     ap.add_argument("--profile", type=int, default=0, help="only the per-op time of a decode step at this B")
     ap.add_argument("--prefix", type=int, default=0, help="only the prefix-caching run, with this system prompt")
     ap.add_argument("--overhead", type=int, default=0, help="only the engine's own time a step at this B")
+    ap.add_argument("--temp", type=float, default=0.0, help="--overhead's sequences sample at this temperature")
     ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
                     help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     a = ap.parse_args()
     for kv in a.kernel:
         engine.force_kernel(*kv.split("=", 1))
     if a.overhead:
-        own, steps = engine_overhead(a.overhead, a.threads)
-        print(f"# engine at B={a.overhead}: {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us a "
-              f"sequence), beside {steps:.1f} ms in the tiny model's steps")
+        own, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp)
+        how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
+        print(f"# engine at B={a.overhead} ({how}): {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us "
+              f"a sequence), beside {steps:.1f} ms in the tiny model's steps")
         return
     if a.model.startswith("layout:"):
         from conftest import layout_model

@@ -152,3 +152,94 @@ def test_sample_rows_is_each_sampler_in_turn():
         minfer._minfer.sample_rows(a[:3], logits)
     with pytest.raises(minfer.MinferError, match="vocabulary of 1000"):  # raised in a worker, carried back
         minfer._minfer.sample_rows(a[:1], logits[:1, :5])
+
+
+def vocabulary_logits(rng, n=151936):
+    """A model-like logit row: a bulk around -3, a few hundred tokens spread 5-20 above it."""
+    x = (rng.standard_normal(n) * 2.0 - 3.0).astype(np.float32)
+    x[rng.choice(n, 300, replace=False)] = rng.uniform(2.0, 17.0, 300).astype(np.float32)
+    return x
+
+
+def distribution(s, logits):
+    _, q = s.sample_with_distribution(logits)
+    return np.asarray(q.ids), np.asarray(q.probs)
+
+
+@pytest.mark.parametrize("t", [0.3, 0.7, 1.5])
+def test_whole_vocabulary_softmax_is_float64_to_a_millionth(t):
+    """The sampler's weights (its own f32 e^x, summed in double) against numpy's float64 softmax over a full
+    vocabulary: every token a candidate, in id order, each probability within 1e-5 of the exact one relatively
+    (an f32 exponent a = (x - max) / t is itself rounded to ~|a| x 6e-8: 2e-6 at |a| = 30)."""
+    x = vocabulary_logits(np.random.default_rng(1))
+    ids, probs = distribution(S(len(x), temperature=t, seed=1), x)
+    assert np.array_equal(ids, np.arange(len(x)))
+    ref = softmax(x.astype(np.float64), t)
+    big = ref > 1e-30
+    assert np.abs(probs[big] / ref[big] - 1).max() < 1e-5
+    assert (probs[~big] < 1e-29).all()
+
+
+def exact_cut(x, t, top_k=0, top_p=1.0, min_p=0.0):
+    """The ids the chain keeps, computed in float64: top-k by logit (then id), then the shortest prefix with
+    mass >= top_p, stopping at a probability below min_p x the largest."""
+    order = np.lexsort((np.arange(len(x)), -x.astype(np.float64)))
+    if top_k:
+        order = order[:top_k]
+    w = np.exp((x[order].astype(np.float64) - x.max()) / t)
+    keep = len(order)
+    if min_p:
+        keep = max(1, int(np.argmax(w < min_p)) if (w < min_p).any() else keep)
+    if top_p < 1:
+        cum = np.cumsum(w[:keep])
+        keep = min(keep, int(np.searchsorted(cum, top_p * w.sum())) + 1)
+    return order[:keep], w
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=40), dict(top_k=300), dict(top_k=5000), dict(top_p=0.5), dict(top_p=0.95),
+                                dict(top_p=0.999), dict(min_p=0.05), dict(min_p=1e-4), dict(top_k=100, top_p=0.9),
+                                dict(top_p=0.9, min_p=0.01)])
+def test_cuts_over_a_whole_vocabulary_match_float64(kw):
+    """Top-k, top-p and min-p over 152k logits keep exactly the tokens the float64 reference keeps, in its
+    order, with its probabilities -- however far below the best logit the cut falls (the sampler looks only
+    among the tokens above a threshold it lowers until the cut is inside)."""
+    rng = np.random.default_rng(2)
+    for t in (0.6, 1.2):
+        x = vocabulary_logits(rng)
+        ids, probs = distribution(S(len(x), temperature=t, seed=3, **kw), x)
+        want, w = exact_cut(x, t, **kw)
+        assert np.array_equal(ids, want), (t, len(ids), len(want))
+        ref = w[:len(want)] / w[:len(want)].sum()
+        assert np.abs(probs - ref).max() < 1e-6
+
+
+def test_draws_across_blocks_follow_the_softmax():
+    """The draw over a whole vocabulary walks block sums, then the tokens of one block: four tokens in four
+    different blocks (the rest at -60) are drawn as often as their softmax says."""
+    n = 4100
+    x = np.full(n, -60.0, np.float32)
+    hot = [5, 1500, 3071, 4099]
+    x[hot] = [1.0, 0.0, 2.0, 1.5]
+    freq = draws(S(n, temperature=1.0, seed=11), x)[hot] / 4000
+    assert np.abs(freq - softmax(x[hot].astype(np.float64))).max() < 0.03
+
+
+def test_weights_have_the_same_bits_in_the_vector_body_and_the_scalar_tail():
+    """The weights' loop runs vectors over most of the vocabulary and scalars over its last few tokens: a
+    logit gives the same probability, to the bit, wherever it sits (so every vector width, and a platform
+    without one, draws the same tokens for a seed)."""
+    rng = np.random.default_rng(4)
+    x = (rng.standard_normal(1000 + 13) * 4).astype(np.float32)
+    x[-13:] = x[100:113]
+    _, probs = distribution(S(len(x), temperature=0.8, seed=1), x)
+    assert np.array_equal(probs[-13:], probs[100:113])
+
+
+@pytest.mark.parametrize("k", [1, 40, 1000])
+def test_top_k_over_tied_logits_takes_the_lowest_ids(k):
+    """Top-k over a vocabulary of few distinct logits (a flat or quantized distribution): the k best by logit,
+    ties to the lowest id, as the float64 reference orders them."""
+    x = np.random.default_rng(k).integers(0, 4, 151936).astype(np.float32)
+    ids, _ = distribution(S(len(x), temperature=1.0, top_k=k, seed=1), x)
+    want, _ = exact_cut(x, 1.0, top_k=k)
+    assert np.array_equal(ids, want)

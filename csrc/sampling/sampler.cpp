@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "sampling/scan.h"
+#include "sampling/weights.h"
 
 namespace minfer {
 
@@ -62,9 +63,11 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     if (bad >= 0) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", bad));
     const size_t n = size_t(n_vocab);
     wt_.resize(n);
+    all_ = false;
     auto one = [&](int t) {  // greedy: the only candidate
         ids_.assign(1, t);
-        wt_[size_t(t)] = total_ = 1.0;
+        wt_[size_t(t)] = 1.0f;
+        total_ = 1.0;
         keep_ = 1;
     };
     const bool penalties = !history_.empty() &&
@@ -77,7 +80,9 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     };
     if (p_.temperature == 0.0f && p_.logit_bias.empty() && !penalties)
         return one(argmax(logits));  // greedy on the logits as they are: no copy
-    work_.assign(logits, logits + n_vocab);
+    // a copy only where a mask, a bias or a penalty changes logits (a row is 0.6 MB at 152k)
+    const bool changes = allow || !p_.logit_bias.empty() || penalties;
+    if (changes) work_.assign(logits, logits + n_vocab);
     if (allow && mask_disallowed(work_.data(), n_vocab, allow) == 0)
         throw MinferError("sampler: the constraint allows no token");
     // only the tokens touched below can turn NaN (a bias of -inf on a logit of +inf): each is checked as it changes
@@ -99,60 +104,114 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
             changed(t, "penalties");
         }
     }
-    if (p_.temperature == 0.0f) return one(argmax(work_.data()));  // greedy: the first maximum
-    // Candidates: the top-k by logit (descending, then id), or every token in id order.  Sorting a whole
-    // vocabulary per token cost ~20 ms at 152k; only a top-p / min-p cut needs the order, and then only of
-    // the prefix it keeps, which is sorted in growing steps until the cut is inside it.
-    const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
-    auto by_logit = [&](int a, int b) { return work_[size_t(a)] > work_[size_t(b)] || (work_[size_t(a)] == work_[size_t(b)] && a < b); };
-    ids_.resize(n);
-    std::iota(ids_.begin(), ids_.end(), 0);
-    if (k < n) {
-        std::nth_element(ids_.begin(), ids_.begin() + long(k), ids_.end(), by_logit);
-        ids_.resize(k);
-        std::sort(ids_.begin(), ids_.end(), by_logit);
-    }
-    float mx = -INFINITY;
-    for (int t : ids_) mx = std::max(mx, work_[size_t(t)]);
+    const float* x = changes ? work_.data() : logits;
+    if (p_.temperature == 0.0f) return one(argmax(x));  // greedy: the first maximum
+    // Candidates: every token in id order, or the top-k by logit (descending, then id).  A top-p / min-p cut needs
+    // the order of the prefix it keeps only: the tokens above a threshold, lowered until the cut falls among them.
+    best_ = first_argmax(x, n_vocab);
+    const float mx = x[best_];
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
-    // softmax at the temperature, in double (unnormalized; sum is the total mass), each candidate's once
-    for (int t : ids_) wt_[size_t(t)] = std::exp((double(work_[size_t(t)]) - double(mx)) / p_.temperature);
-    auto weight = [&](int t) { return wt_[size_t(t)]; };
-    keep_ = k;
-    if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
+    const float inv_t = 1.0f / p_.temperature;
+    const bool cut = p_.top_p < 1.0f || p_.min_p > 0.0f;
+    const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
+    auto by_logit = [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    bool have_maxes = false;
+    auto above = [&](float tau) {  // ids_ <- the tokens with logit >= tau, in id order
+        if (!have_maxes) block_maxes(x, n_vocab, maxes_), have_maxes = true;
+        ids_.clear();
+        for (size_t b = 0; b < maxes_.size(); b++)
+            if (maxes_[b] >= tau)
+                for (int i = int(b) * kWeightBlock, e = std::min(n_vocab, i + kWeightBlock); i < e; i++)
+                    if (x[i] >= tau) ids_.push_back(i);
+    };
+    if (k < n) {
+        top_k(x, n_vocab, int(k), ids_);
+        for (int t : ids_) wt_[size_t(t)] = exp_nonpositive((x[t] - mx) * inv_t);
         double sum = 0.0;
-        for (int t : ids_) sum += weight(t);
-        // top-p: the smallest prefix (by logit) whose mass reaches top_p; min-p: drop weight < min_p * max weight
-        for (size_t m = std::min<size_t>(k, 64);; m = std::min(k, m * 8)) {
-            if (k == n) std::partial_sort(ids_.begin(), ids_.begin() + long(m), ids_.end(), by_logit);
-            double cum = 0.0;
-            size_t i = 0;
-            for (; i < m; i++) {
-                const double w = weight(ids_[i]);
-                if (p_.min_p > 0.0f && i > 0 && w < double(p_.min_p)) break;  // the max weight is exp(0) = 1
-                cum += w;
-                if (p_.top_p < 1.0f && cum >= double(p_.top_p) * sum) { i++; break; }
-            }
-            if (i < m || m == k) {
-                keep_ = std::max<size_t>(i, 1);
-                break;
-            }
+        for (int t : ids_) sum += double(wt_[size_t(t)]);
+        if (cut) {
+            cut_prefix(sum, true);  // the top k are every candidate: the cut lies among them
+        } else {
+            keep_ = k;
+            total_ = sum;
+        }
+        return;
+    }
+    softmax_weights(x, n_vocab, mx, inv_t, wt_.data());
+    const double sum = block_sums(wt_.data(), n_vocab, blocks_);
+    if (!cut) {
+        all_ = true;
+        keep_ = n;
+        total_ = sum;
+        return;
+    }
+    // tokens within d temperatures of the best (in steps as for top-k): outside, a weight is below e^-d, so a
+    // min-p cut above that is complete; a top-p cut is sorted for only once the candidates hold its mass
+    for (float d = 4.0f;; d = d < 8.0f ? 2.0f * d : 1.25f * d) {
+        const bool every = d > 64.0f, min_p_done = p_.min_p > 0.0f && 2.0 * std::exp(-double(d)) < double(p_.min_p);
+        above(every ? -INFINITY : mx - d * p_.temperature);
+        if (!every && !min_p_done) {
+            double mass = 0.0;
+            for (int t : ids_) mass += double(wt_[size_t(t)]);
+            if (mass < double(p_.top_p) * sum) continue;
+        }
+        std::sort(ids_.begin(), ids_.end(), by_logit);
+        if (cut_prefix(sum, every || min_p_done)) return;
+    }
+}
+
+bool Sampler::cut_prefix(double sum, bool complete) {
+    // top-p: the shortest prefix (by logit) whose mass reaches top_p; min-p: weights below min_p x the best
+    // (whose weight is e^0 = 1) end it
+    double cum = 0.0;
+    size_t i = 0;
+    const size_t m = ids_.size();
+    for (; i < m; i++) {
+        const double w = double(wt_[size_t(ids_[i])]);
+        if (p_.min_p > 0.0f && i > 0 && w < double(p_.min_p)) break;
+        cum += w;
+        if (p_.top_p < 1.0f && cum >= double(p_.top_p) * sum) {
+            i++;
+            break;
         }
     }
+    if (i == m && !complete) return false;  // the cut lies past these candidates
+    keep_ = std::max<size_t>(i, 1);
     total_ = 0.0;
-    for (size_t i = 0; i < keep_; i++) total_ += weight(ids_[i]);
+    for (size_t j = 0; j < keep_; j++) total_ += double(wt_[size_t(ids_[j])]);
+    return true;
 }
 
 int Sampler::draw() {
     if (p_.temperature == 0.0f) return ids_[0];  // greedy draws nothing: the generator stays where it was
     double r = uniform() * total_;
+    if (all_) {  // every token in id order: find the block by its sum, then the token in it
+        const int n = n_vocab_;
+        for (size_t b = 0; b < blocks_.size(); b++) {
+            if (r >= blocks_[b]) {
+                r -= blocks_[b];
+                continue;
+            }
+            const int lo = int(b) * kWeightBlock, hi = std::min(n, lo + kWeightBlock);
+            int last = -1;
+            for (int i = lo; i < hi; i++) {
+                if (wt_[size_t(i)] > 0.0f) last = i;
+                r -= double(wt_[size_t(i)]);
+                if (r < 0) return i;
+            }
+            if (last >= 0) return last;  // rounding left r >= 0 in a block with mass
+        }
+        for (int i = n; i-- > 0;)  // rounding left r >= 0 past the last block: the last token with mass
+            if (wt_[size_t(i)] > 0.0f) return i;
+        return best_;
+    }
     for (size_t i = 0; i < keep_; i++) {
-        r -= wt_[size_t(ids_[i])];
-        if (r < 0) return ids_[i];
+        r -= double(wt_[size_t(candidate(i))]);
+        if (r < 0) return candidate(i);
     }
     for (size_t i = keep_; i-- > 0;)  // rounding left r >= 0: the last candidate with mass (never a masked one)
-        if (wt_[size_t(ids_[i])] > 0.0) return ids_[i];
-    return ids_[keep_ - 1];
+        if (wt_[size_t(candidate(i))] > 0.0f) return candidate(i);
+    return candidate(keep_ - 1);
 }
 
 TopToken top_token(const float* logits, int n_vocab, double p_min) {
@@ -179,9 +238,12 @@ int Sampler::sample(const float* logits, int n_vocab, const uint32_t* allow) {
 
 int Sampler::sample(const float* logits, int n_vocab, Distribution& drawn_from, const uint32_t* allow) {
     prepare(logits, n_vocab, allow);
-    drawn_from.ids.assign(ids_.begin(), ids_.begin() + long(keep_));
+    drawn_from.ids.resize(keep_);
     drawn_from.probs.resize(keep_);
-    for (size_t i = 0; i < keep_; i++) drawn_from.probs[i] = wt_[size_t(ids_[i])] / total_;
+    for (size_t i = 0; i < keep_; i++) {
+        drawn_from.ids[i] = candidate(i);
+        drawn_from.probs[i] = double(wt_[size_t(candidate(i))]) / total_;
+    }
     return draw();
 }
 
@@ -214,7 +276,7 @@ int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribut
     }
     double px = 0.0;  // p(draft): its weight if the chain kept it
     for (size_t i = 0; i < keep_; i++)
-        if (ids_[i] == draft) px = wt_[size_t(draft)] / total_;
+        if (candidate(i) == draft) px = double(wt_[size_t(draft)]) / total_;
     if (uniform() * qx < px) {  // kept with probability min(1, px / qx)
         clear();
         return draft;
@@ -222,20 +284,21 @@ int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribut
     // Rejected (so px < qx): draw from the residual max(0, p - q), which is zero at the draft.
     double rest = 0.0;
     for (size_t i = 0; i < keep_; i++) {
-        const int t = ids_[i];
-        rest += std::max(0.0, wt_[size_t(t)] / total_ - q_dense_[size_t(t)]);
+        const int t = candidate(i);
+        rest += std::max(0.0, double(wt_[size_t(t)]) / total_ - q_dense_[size_t(t)]);
     }
     int out = -1;
     if (rest > 0.0) {
         double r = uniform() * rest;
         for (size_t i = 0; i < keep_ && out < 0; i++) {
-            const int t = ids_[i];
-            const double w = std::max(0.0, wt_[size_t(t)] / total_ - q_dense_[size_t(t)]);
+            const int t = candidate(i);
+            const double w = std::max(0.0, double(wt_[size_t(t)]) / total_ - q_dense_[size_t(t)]);
             r -= w;
             if (r < 0 && w > 0.0) out = t;
         }
         for (size_t i = keep_; out < 0 && i-- > 0;)  // rounding left r >= 0: the last token with residual mass
-            if (ids_[i] != draft && wt_[size_t(ids_[i])] / total_ > q_dense_[size_t(ids_[i])]) out = ids_[i];
+            if (candidate(i) != draft && double(wt_[size_t(candidate(i))]) / total_ > q_dense_[size_t(candidate(i))])
+                out = candidate(i);
     }
     clear();
     if (out < 0) throw MinferError("sampler: a rejected draft left no residual probability (p equals q)");

@@ -76,10 +76,17 @@ class Sampler {
 
   private:
     double uniform();  // [0, 1)
-    // The chain up to the draw: candidates ids_[0, keep_) with unnormalized weights wt_[id], their sum total_.
+    // The chain up to the draw: candidates candidate(0 .. keep_) with unnormalized weights wt_[id], their sum
+    // total_.
     void prepare(const float* logits, int n_vocab, const uint32_t* allow);
+    // The top-p / min-p cut over ids_ (sorted by logit) at total mass `sum`: keep_ and total_ set, or false where
+    // the cut lies past ids_ and they are not every candidate (`complete`).
+    bool cut_prefix(double sum, bool complete);
     int draw();
+    int candidate(size_t i) const { return all_ ? int(i) : ids_[i]; }
     size_t keep_ = 0;
+    bool all_ = false;  // every token a candidate, in id order (ids_ unused)
+    int best_ = 0;      // the argmax: a draw's last resort
     double total_ = 0.0;
     std::vector<double> q_dense_;  // verify(): q by token id, zero outside the proposal
     SamplerParams p_;
@@ -87,7 +94,9 @@ class Sampler {
     std::deque<int> history_;
     uint64_t state_;
     std::vector<float> work_;
-    std::vector<double> wt_;  // each candidate's unnormalized probability, by token id
+    std::vector<float> wt_;       // each candidate's unnormalized probability, by token id
+    std::vector<double> blocks_;  // with all_: wt_'s block sums (weights.h)
+    std::vector<float> maxes_;    // the logits' block maxima (weights.h)
     std::vector<int> ids_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
@@ -111,5 +112,32 @@ int first_argmax(const float* x, int n) {
 int first_nan(const float* x, int n) { return first_nan_ref(x, n); }
 int first_argmax(const float* x, int n) { return first_argmax_ref(x, n); }
 #endif
+
+void top_k(const float* x, int n, int k, std::vector<int>& out) {
+    auto better = [x](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    out.resize(size_t(k));
+    std::iota(out.begin(), out.end(), 0);
+    std::make_heap(out.begin(), out.end(), better);
+    float worst = x[out.front()];  // a later token (higher id) enters only above it
+    for (int i = k; i < n;) {
+        if (i + 16 <= n) {
+            float m[4] = {x[i], x[i + 1], x[i + 2], x[i + 3]};
+            for (int j = 4; j < 16; j += 4)
+                for (int q = 0; q < 4; q++) m[q] = x[i + j + q] > m[q] ? x[i + j + q] : m[q];
+            if (!(m[0] > worst || m[1] > worst || m[2] > worst || m[3] > worst)) {
+                i += 16;
+                continue;
+            }
+        }
+        for (const int e = std::min(n, i + 16); i < e; i++)
+            if (x[i] > worst) {
+                std::pop_heap(out.begin(), out.end(), better);
+                out.back() = i;
+                std::push_heap(out.begin(), out.end(), better);
+                worst = x[out.front()];
+            }
+    }
+    std::sort(out.begin(), out.end(), better);
+}
 
 }  // namespace minfer

@@ -446,8 +446,10 @@ class Engine:
             logits = runner.step(*args)
             picked = np.zeros(len(owner), np.int32)
             plain = [k for k in rows if not batch[owner[k]][0].draft]
-            allow = masks()[plain] if masks else None
-            picked[plain] = _minfer.sample_rows([batch[owner[k]][0].sampler for k in plain], logits[plain], allow)
+            every = len(plain) == len(owner)  # (a decode step's rows are all plain: no copy of the logits)
+            allow = (masks() if every else masks()[plain]) if masks else None
+            picked[plain] = _minfer.sample_rows([batch[owner[k]][0].sampler for k in plain],
+                                                logits if every else logits[plain], allow)
             for k in plain:
                 r = batch[owner[k]][0]
                 if r.logprobs is not None:
