@@ -1,7 +1,6 @@
 #include "engine/batch.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "backends/kv_format.h"
 #include "common/error.h"
@@ -152,8 +151,7 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
 void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                        const int32_t* tables, const int32_t* local_tables, float* logits) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, true);
-    std::vector<float> out = pl.read_node(pl.graph().output);
-    std::memcpy(logits, out.data(), size_t(n_seqs) * size_t(sched_.model().config().n_vocab) * sizeof(float));
+    pl.read_node(pl.graph().output, logits, size_t(n_seqs) * size_t(sched_.model().config().n_vocab));
 }
 
 void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,

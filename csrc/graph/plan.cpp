@@ -251,8 +251,15 @@ void Plan::poison() {
 std::vector<float> Plan::read_node(int node) {
     const Node& n = graph_.nodes.at(size_t(node));
     std::vector<float> out(size_t(std::max(1, n.rows * n.cols)));
-    backend(n.backend)->read_host(buf_[size_t(node)], 0, out.data(), out.size());
+    read_node(node, out.data(), out.size());
     return out;
+}
+
+void Plan::read_node(int node, float* out, size_t count) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    if (count > size_t(std::max(1, n.rows * n.cols)))
+        throw MinferError(strfmt("read_node: %zu values of a node of %d x %d", count, n.rows, n.cols));
+    backend(n.backend)->read_host(buf_[size_t(node)], 0, out, count);
 }
 
 void Plan::execute(OpProfile* profile, bool sync_last) {

@@ -56,6 +56,7 @@ class Plan {
     void poison();  // fill every non-input buffer with NaN (tests: unwritten outputs show)
     // The output of `node` after execute (only meaningful for live outputs, or with keep_all).
     std::vector<float> read_node(int node);
+    void read_node(int node, float* out, size_t count);  // its first `count` values, straight into out
     // argmax over the last row of `node`'s output, computed where the node ran.
     // Constrained decoding: a function called once a step is launched (on a GPU, while it runs) that returns the
     // token bitmask its argmax keeps to, or nullptr for none.
