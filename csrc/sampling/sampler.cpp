@@ -106,24 +106,13 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     }
     const float* x = changes ? work_.data() : logits;
     if (p_.temperature == 0.0f) return one(argmax(x));  // greedy: the first maximum
-    // Candidates: every token in id order, or the top-k by logit (descending, then id).  A top-p / min-p cut needs
-    // the order of the prefix it keeps only: the tokens above a threshold, lowered until the cut falls among them.
+    // Candidates: every token in id order, or the top-k by logit (descending, then id).
     best_ = first_argmax(x, n_vocab);
     const float mx = x[best_];
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     const float inv_t = 1.0f / p_.temperature;
     const bool cut = p_.top_p < 1.0f || p_.min_p > 0.0f;
     const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
-    auto by_logit = [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
-    bool have_maxes = false;
-    auto above = [&](float tau) {  // ids_ <- the tokens with logit >= tau, in id order
-        if (!have_maxes) block_maxes(x, n_vocab, maxes_), have_maxes = true;
-        ids_.clear();
-        for (size_t b = 0; b < maxes_.size(); b++)
-            if (maxes_[b] >= tau)
-                for (int i = int(b) * kWeightBlock, e = std::min(n_vocab, i + kWeightBlock); i < e; i++)
-                    if (x[i] >= tau) ids_.push_back(i);
-    };
     if (k < n) {
         top_k(x, n_vocab, int(k), ids_);
         for (int t : ids_) wt_[size_t(t)] = exp_nonpositive((x[t] - mx) * inv_t);
@@ -145,11 +134,19 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
         total_ = sum;
         return;
     }
-    // tokens within d temperatures of the best (in steps as for top-k): outside, a weight is below e^-d, so a
-    // min-p cut above that is complete; a top-p cut is sorted for only once the candidates hold its mass
+    // A cut needs the order of the prefix it keeps only: the tokens within d temperatures of the best logit, d
+    // raised until the cut falls among them (a quarter more each step past 8).  Outside, a weight is below e^-d,
+    // so a min-p cut above that is complete; for top-p the candidates are sorted once they hold its mass.
+    block_maxes(x, n_vocab, maxes_);
+    auto by_logit = [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     for (float d = 4.0f;; d = d < 8.0f ? 2.0f * d : 1.25f * d) {
         const bool every = d > 64.0f, min_p_done = p_.min_p > 0.0f && 2.0 * std::exp(-double(d)) < double(p_.min_p);
-        above(every ? -INFINITY : mx - d * p_.temperature);
+        const float tau = every ? -INFINITY : mx - d * p_.temperature;
+        ids_.clear();  // the tokens with logit >= tau, in id order, from the blocks that reach it
+        for (size_t b = 0; b < maxes_.size(); b++)
+            if (maxes_[b] >= tau)
+                for (int i = int(b) * kWeightBlock, e = std::min(n_vocab, i + kWeightBlock); i < e; i++)
+                    if (x[i] >= tau) ids_.push_back(i);
         if (!every && !min_p_done) {
             double mass = 0.0;
             for (int t : ids_) mass += double(wt_[size_t(t)]);
