@@ -136,7 +136,8 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     }
     // A cut needs the order of the prefix it keeps only: the tokens within d temperatures of the best logit, d
     // raised until the cut falls among them (a quarter more each step past 8).  Outside, a weight is below e^-d,
-    // so a min-p cut above that is complete; for top-p the candidates are sorted once they hold its mass.
+    // so a min-p cut above that is complete; for top-p the candidates are sorted once they hold its mass, or,
+    // where they are many (a flat distribution), cut without sorting them all.
     block_maxes(x, n_vocab, maxes_);
     auto by_logit = [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     for (float d = 4.0f;; d = d < 8.0f ? 2.0f * d : 1.25f * d) {
@@ -152,9 +153,58 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
             for (int t : ids_) mass += double(wt_[size_t(t)]);
             if (mass < double(p_.top_p) * sum) continue;
         }
+        if (ids_.size() > kSortedCut) return cut_unsorted(x, mx, inv_t, every ? 88.0f : d, sum);
         std::sort(ids_.begin(), ids_.end(), by_logit);
         if (cut_prefix(sum, every || min_p_done)) return;
     }
+}
+
+void Sampler::cut_unsorted(const float* x, float mx, float inv_t, float span, double sum) {
+    // min-p keeps the tokens at or above it (the best always); top-p buckets the candidates by their exponent
+    // (mx - x) / t, which orders them as their logits do, finds the bucket where the mass reaches top_p, and
+    // sorts that bucket's tokens only.  Kept: the buckets before it in id order, then its tokens by logit.
+    auto keeps = [&](int t) { return t == best_ || double(wt_[size_t(t)]) >= double(p_.min_p); };
+    auto finish = [&] {
+        ids_.erase(std::remove_if(ids_.begin(), ids_.end(), [&](int t) { return !keeps(t); }), ids_.end());
+        keep_ = ids_.size();
+        total_ = 0.0;
+        for (int t : ids_) total_ += double(wt_[size_t(t)]);
+    };
+    if (p_.top_p >= 1.0f) return finish();
+    constexpr int kBuckets = 4096;
+    const float scale = float(kBuckets) / span;
+    auto bucket = [&](int t) {
+        const float b = (mx - x[t]) * inv_t * scale;
+        return b < float(kBuckets - 1) ? int(b) : kBuckets - 1;
+    };
+    bucket_mass_.assign(kBuckets, 0.0);
+    for (int t : ids_) bucket_mass_[size_t(bucket(t))] += double(wt_[size_t(t)]);
+    const double target = double(p_.top_p) * sum;
+    double before = 0.0;  // the mass of the buckets before the cut's
+    int cut = kBuckets - 1;
+    for (int b = 0; b < kBuckets; b++) {
+        if (before + bucket_mass_[size_t(b)] >= target) {
+            cut = b;
+            break;
+        }
+        before += bucket_mass_[size_t(b)];
+    }
+    ring_.clear();
+    size_t kept = 0;
+    for (int t : ids_) {
+        const int b = bucket(t);
+        if (b < cut) ids_[kept++] = t;
+        else if (b == cut) ring_.push_back(t);
+    }
+    ids_.resize(kept);
+    std::sort(ring_.begin(), ring_.end(), [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    double cum = before;
+    for (int t : ring_) {
+        ids_.push_back(t);
+        cum += double(wt_[size_t(t)]);
+        if (cum >= target) break;
+    }
+    finish();
 }
 
 bool Sampler::cut_prefix(double sum, bool complete) {

@@ -82,6 +82,10 @@ class Sampler {
     // The top-p / min-p cut over ids_ (sorted by logit) at total mass `sum`: keep_ and total_ set, or false where
     // the cut lies past ids_ and they are not every candidate (`complete`).
     bool cut_prefix(double sum, bool complete);
+    // The cut over more candidates than kSortedCut (ids_, in id order, holding it; within `span` temperatures of
+    // the best logit mx) without sorting them all.
+    static constexpr size_t kSortedCut = 2048;
+    void cut_unsorted(const float* x, float mx, float inv_t, float span, double sum);
     int draw();
     int candidate(size_t i) const { return all_ ? int(i) : ids_[i]; }
     size_t keep_ = 0;
@@ -97,6 +101,8 @@ class Sampler {
     std::vector<float> wt_;       // each candidate's unnormalized probability, by token id
     std::vector<double> blocks_;  // with all_: wt_'s block sums (weights.h)
     std::vector<float> maxes_;    // the logits' block maxima (weights.h)
+    std::vector<double> bucket_mass_;  // cut_unsorted's
+    std::vector<int> ring_;
     std::vector<int> ids_;
 };
 
