@@ -20,8 +20,8 @@ the same B.  --prefix N: 16 requests sharing an N-token system prompt, each sent
 first token, to minfer.batch.Engine: the time to first token of the 1st (computes the prefix) against the
 16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.  --overhead B:
 the engine's own time a step (scheduling, the step's arrays, sampling, streaming) with B greedy sequences of
-the tiny synthetic model (--temp T: sampled), its steps timed apart: the host's share of a step, whatever
-device runs the steps.
+the tiny synthetic model, or of -m's model on --device (--temp T: sampled), its steps timed apart: the host's
+share of a step.
 """
 from __future__ import annotations
 
@@ -151,16 +151,18 @@ def profile(model, a, P: int, T: int) -> None:
             print(f"  {k:14s} {ms:8.3f} ms")
 
 
-def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0) -> tuple[float, float]:
+def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0, path: str = "",
+                    device: str = "cpu") -> tuple[float, float]:
     """(the engine's own ms a step, the steps' ms) for B sequences of 16 prompt tokens and T tokens each, greedy
     or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p 0.95, min_p 0.05), on the tiny
-    synthetic model (152k tokens; the CPU runs its steps; only the time around them is the engine's, the
-    samplers' softmaxes included)."""
+    synthetic model (152k tokens) or the model at `path` on `device`; only the time around the steps is the
+    engine's, the samplers' softmaxes included."""
     from conftest import synthetic_model
     from minfer.batch import Engine
 
     rng = np.random.default_rng(0)
-    with Engine(str(synthetic_model("qwen2-tiny-f32")), threads=threads, max_sequences=B, n_ctx=256) as eng:
+    path = path or str(synthetic_model("qwen2-tiny-f32"))
+    with Engine(path, threads=threads, backend=device, max_sequences=B, n_ctx=256) as eng:
         prompts = [list(map(int, rng.integers(100, 30000, size=16))) for _ in range(B)]
         eng.generate_batch(prompts[:2], max_tokens=4)  # warm-up
         runner, in_steps = eng._runner, [0.0]
@@ -205,7 +207,7 @@ def run_prefix(path: str, threads: int, n_prefix: int, device: str, n_req: int =
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("-m", "--model", default=None, help="default qwen2.5-coder-0.5b (--overhead: the tiny model)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--npp", type=int, default=128)
     ap.add_argument("--ntg", type=int, default=64)
@@ -223,18 +225,22 @@ def main():
     a = ap.parse_args()
     for kv in a.kernel:
         engine.force_kernel(*kv.split("=", 1))
-    if a.overhead:
-        own, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp)
+    def model_path(name: str) -> str:
+        if name.startswith("layout:"):
+            from conftest import layout_model
+
+            return str(layout_model(LAYOUTS[name[7:]]))
+        return engine.resolve(name)
+    if a.overhead:  # the tiny model unless a model is named
+        model = model_path(a.model) if a.model else ""
+        own, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
         print(f"# engine at B={a.overhead} ({how}): {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us "
-              f"a sequence), beside {steps:.1f} ms in the tiny model's steps")
+              f"a sequence), beside {steps:.2f} ms in the steps ({100 * own / steps:.1f} %) of "
+              f"{Path(model).name if model else 'the tiny model'}")
         return
-    if a.model.startswith("layout:"):
-        from conftest import layout_model
-
-        path = str(layout_model(LAYOUTS[a.model[7:]]))
-    else:
-        path = engine.resolve(a.model)
+    a.model = a.model or "qwen2.5-coder-0.5b"
+    path = model_path(a.model)
     npl = [int(x) for x in a.npl.split(",")]
     P, T = a.npp, a.ntg
     ctx = max(npl) * (P + T) + 64

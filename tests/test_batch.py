@@ -513,3 +513,29 @@ def test_llm_with_max_sequences_makes_no_session_until_asked(tiny_path, tiny_alo
         assert np.array_equal(llm.logits(ids), tiny_alone.logits(ids))
     with pytest.raises(minfer.MinferError, match="closed"):
         llm.generate("hello")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_step_writes_logits_into_the_runners_buffer(device, rng):
+    """step(out=logits_buffer(n)) gives the logits a plain step() gives, in the runner's buffer (pinned host
+    memory on CUDA: the copy lands there directly); a buffer of the wrong shape or type is refused."""
+    if device == "cuda":
+        require_cuda()
+    model = _minfer.Model(str(synthetic_model(TINY)))
+    runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=1024, block_size=16, device=device)
+    tables = tables_for(runner, [40] * 3, rng)
+    ids = rng.integers(0, runner.n_vocab, size=3).astype(np.int32)
+    args = (ids, np.zeros(3, np.int32), np.ones(3, np.int32), tables)
+    want = runner.step(*args)
+    buf = runner.logits_buffer(4)
+    assert buf.shape == (4, runner.n_vocab) and buf.dtype == np.float32
+    got = runner.step(*args, out=buf)
+    assert got.shape == (3, runner.n_vocab) and np.shares_memory(got, buf)
+    assert np.array_equal(got, want)
+    assert runner.logits_buffer(2).ctypes.data == buf.ctypes.data  # the same memory
+    with pytest.raises(minfer.MinferError, match="holds 4 rows"):
+        runner.logits_buffer(5)
+    with pytest.raises(ValueError, match="out must be"):
+        runner.step(*args, out=np.zeros((2, runner.n_vocab), np.float32))
+    with pytest.raises(ValueError, match="out must be"):
+        runner.step(*args, out=np.zeros((4, runner.n_vocab), np.float64))

@@ -45,6 +45,10 @@ class Backend {
 
     virtual void execute_node(const Node& node, const ExecArgs& args) = 0;
     virtual void read_host(int id, size_t offset, float* dst, size_t n) = 0;
+    // Host memory of n floats that read_host fills fastest (CUDA: pinned, the copy lands there directly instead
+    // of through a staging buffer), owned by the backend for its lifetime; one per backend, a later call for no
+    // more returns the same; nullptr where plain memory is as fast.
+    virtual float* host_buffer(size_t n_floats) { return nullptr; }
     virtual void write_host(int id, size_t offset, const float* src, size_t n) = 0;
     virtual void synchronize() = 0;
     // Index of the largest of n floats at (id, offset), the first on ties:

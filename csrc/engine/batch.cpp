@@ -161,6 +161,24 @@ void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, c
     pl.argmax_rows(pl.graph().output, out, allow ? allow() : nullptr);
 }
 
+float* BatchRunner::logits_buffer(int rows) {
+    if (logits_buf_) {
+        if (rows > logits_rows_)
+            throw MinferError(strfmt("logits_buffer: it holds %d rows, %d asked", logits_rows_, rows));
+        return logits_buf_;
+    }
+    if (rows < 1) throw MinferError(strfmt("logits_buffer: %d rows", rows));
+    const size_t n = size_t(rows) * size_t(sched_.model().config().n_vocab);
+    Plan& pl = plan(1, 1);  // the output's backend is every plan's
+    logits_buf_ = sched_.backends()[size_t(pl.graph().nodes[size_t(pl.graph().output)].backend)]->host_buffer(n);
+    if (!logits_buf_) {
+        logits_host_.assign(n, 0.0f);
+        logits_buf_ = logits_host_.data();
+    }
+    logits_rows_ = rows;
+    return logits_buf_;
+}
+
 void BatchRunner::prepare(int max_seqs) {
     for (int s = 1; s < 2 * max_seqs; s *= 2) {
         plan(s, s);      // decode steps of up to s sequences

@@ -40,6 +40,10 @@ class BatchRunner {
     // tokens row s of `allow`'s masks permits ([n_seqs] rows of ceil(n_vocab / 32) words).
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                      const int32_t* tables, const int32_t* local_tables, int32_t* out, const Plan::AllowFn& allow = {});
+    // Where step() writes logits fastest: [rows, n_vocab] floats the output's backend reads into directly (pinned
+    // host memory on CUDA, where a fresh destination costs a staging copy and its page faults), kept for the
+    // runner's lifetime; allocated at the first call, later calls for no more rows return it again.
+    float* logits_buffer(int rows);
     // Builds now the plans that steps of up to max_seqs sequences take (a decode plan and a mixed one per power of
     // two), so that a server's memory is all taken at start rather than as rarer step shapes first come.
     void prepare(int max_seqs);
@@ -71,6 +75,9 @@ class BatchRunner {
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
     int graph_builds_ = 0;
+    std::vector<float> logits_host_;  // logits_buffer() where the backend has no buffer of its own
+    float* logits_buf_ = nullptr;
+    int logits_rows_ = 0;
 };
 
 }  // namespace minfer

@@ -55,21 +55,39 @@ void bind_batch(py::module_& m) {
              py::arg("device") = "", py::arg("kv_tokens") = 0, py::arg("block_size") = 32, py::arg("local_tokens") = 0,
              "local_tokens > 0: the sliding-window layers get a pool of their own of that many tokens")
         .def("step", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
-                        const py::object& local_tables) {
+                        const py::object& local_tables, const py::object& out) {
             StepArgs a = step_args(b, tokens, positions, seq_lens, tables, local_tables);
             const int n_vocab = b.scheduler().model().config().n_vocab;
-            py::array_t<float> out({py::ssize_t(a.n_seqs), py::ssize_t(n_vocab)});
-            float* o = out.mutable_data();
+            py::array_t<float> logits;
+            if (out.is_none()) {
+                logits = py::array_t<float>({py::ssize_t(a.n_seqs), py::ssize_t(n_vocab)});
+            } else {
+                logits = py::array_t<float>::ensure(out);
+                if (!logits || logits.ptr() != out.ptr() || logits.ndim() != 2 || logits.shape(1) != n_vocab ||
+                    logits.shape(0) < a.n_seqs || !(logits.flags() & py::array::c_style) || !logits.writeable())
+                    throw py::value_error("step: out must be a writable C-contiguous float32 array [>= " +
+                                          std::to_string(a.n_seqs) + ", " + std::to_string(n_vocab) + "]");
+            }
+            float* o = logits.mutable_data();
             {
                 py::gil_scoped_release nogil;
                 b.step(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(),
                        a.local_tables(), o);
             }
-            return out;
+            return out.is_none() ? py::object(logits) : py::object(logits[py::slice(0, a.n_seqs, 1)]);
         }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
-           py::arg("local_tables") = py::none(),
+           py::arg("local_tables") = py::none(), py::arg("out") = py::none(),
            "one step: sequence s has seq_lens[s] consecutive rows; returns [n_seqs, n_vocab] logits of each "
-           "sequence's last row")
+           "sequence's last row (out: write them there, and return a view of its first rows)")
+        .def("logits_buffer", [](py::object self, int rows) {
+            BatchRunner& b = self.cast<BatchRunner&>();
+            const py::ssize_t V = b.scheduler().model().config().n_vocab;
+            float* p = b.logits_buffer(rows);
+            return py::array_t<float>({py::ssize_t(rows), V}, {V * py::ssize_t(sizeof(float)), py::ssize_t(sizeof(float))},
+                                      p, self);
+        }, py::arg("rows"),
+           "[rows, n_vocab] floats owned by the runner that step(out=...) fills fastest (pinned host memory on "
+           "CUDA); each step overwrites it")
         .def("step_greedy", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
                                const py::object& local_tables, const py::object& allow) {
             StepArgs a = step_args(b, tokens, positions, seq_lens, tables, local_tables);

@@ -83,6 +83,7 @@ class Engine:
                           "Metal has no paged-KV kernels yet)", RuntimeWarning, stacklevel=2)
         self.max_sequences, self.step_tokens = max_sequences, step_tokens
         self._masks = None  # the constrained sequences' masks are computed on llguidance's threads (made at first use)
+        self._logits = None  # where a sampled step's logits land (pinned host memory on CUDA), made at first use
         self._draft = None  # speculative decoding with a draft model for every sequence (minfer.batch_draft)
         self._draft_max = draft_max
         # speculative steps against plain ones, in seconds: a plain decode step's (moving average), and this
@@ -443,7 +444,9 @@ class Engine:
         if greedy:
             picked = runner.step_greedy(*args, allow=masks)  # the masks are computed while the step runs
         else:
-            logits = runner.step(*args)
+            if self._logits is None:
+                self._logits = runner.logits_buffer(self.max_sequences)
+            logits = runner.step(*args, out=self._logits if len(owner) <= self.max_sequences else None)
             picked = np.zeros(len(owner), np.int32)
             plain = [k for k in rows if not batch[owner[k]][0].draft]
             every = len(plain) == len(owner)  # (a decode step's rows are all plain: no copy of the logits)

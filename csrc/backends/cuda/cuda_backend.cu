@@ -118,6 +118,7 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(chain_host_);
     cudaFree(argmax_part_);
     cudaFreeHost(staging_);
+    cudaFreeHost(host_buf_);
     cudaFreeHost(allow_host_);
     cudaFree(allow_dev_);
     cudaEventDestroy(done_);
@@ -254,6 +255,10 @@ void CudaBackend::synchronize() {
 
 void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     usable();
+    if (host_buf_ && dst >= host_buf_ && dst + n <= host_buf_ + host_buf_floats_) {  // pinned already
+        check(cudaMemcpyAsync(dst, (float*)raw(id) + offset, n * 4, cudaMemcpyDeviceToHost, stream_), "reading a buffer");
+        return synchronize();
+    }
     if (n > staging_floats_) {
         if (staging_) cudaFreeHost(staging_);
         staging_ = nullptr;
@@ -264,6 +269,17 @@ void CudaBackend::read_host(int id, size_t offset, float* dst, size_t n) {
     check(cudaMemcpyAsync(staging_, (float*)raw(id) + offset, n * 4, cudaMemcpyDeviceToHost, stream_), "reading a buffer");
     synchronize();
     std::memcpy(dst, staging_, n * 4);
+}
+
+float* CudaBackend::host_buffer(size_t n) {
+    if (host_buf_) {
+        if (n > host_buf_floats_)
+            throw MinferError(strfmt("CUDA: the pinned host buffer holds %zu floats, %zu asked", host_buf_floats_, n));
+        return host_buf_;
+    }
+    check(cudaHostAlloc((void**)&host_buf_, n * 4, cudaHostAllocDefault), "allocating a pinned host buffer");
+    host_buf_floats_ = n;
+    return host_buf_;
 }
 
 // The previous argmax has been waited for (each call ends in a wait), so the pinned copy is free to refill.

@@ -90,6 +90,7 @@ class CudaBackend : public Backend {
 
     void execute_node(const Node& node, const ExecArgs& args) override;
     void read_host(int id, size_t offset, float* dst, size_t n) override;
+    float* host_buffer(size_t n_floats) override;
     void write_host(int id, size_t offset, const float* src, size_t n) override;
     void synchronize() override;
     int argmax(int id, size_t offset, size_t n, const uint32_t* allow = nullptr) override;
@@ -146,6 +147,8 @@ class CudaBackend : public Backend {
     int32_t* chain_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;
+    float* host_buf_ = nullptr;  // pinned, handed out by host_buffer(): read_host copies into it directly
+    size_t host_buf_floats_ = 0;
     uint32_t* allow_host_ = nullptr;  // pinned: the masks of the argmax in flight (upload_allow)
     uint32_t* allow_dev_ = nullptr;
     size_t allow_words_ = 0;
