@@ -106,15 +106,15 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     }
     const float* x = changes ? work_.data() : logits;
     if (p_.temperature == 0.0f) return one(argmax(x));  // greedy: the first maximum
-    // Candidates: every token in id order, or the top-k by logit (descending, then id).
-    best_ = first_argmax(x, n_vocab);
+    // Candidates: every token in id order, or the top-k by logit (descending, then id), the best first.
+    const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
+    if (k < n) top_k(x, n_vocab, int(k), ids_);
+    best_ = k < n ? ids_[0] : first_argmax(x, n_vocab);
     const float mx = x[best_];
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     const float inv_t = 1.0f / p_.temperature;
     const bool cut = p_.top_p < 1.0f || p_.min_p > 0.0f;
-    const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
     if (k < n) {
-        top_k(x, n_vocab, int(k), ids_);
         for (int t : ids_) wt_[size_t(t)] = exp_nonpositive((x[t] - mx) * inv_t);
         double sum = 0.0;
         for (int t : ids_) sum += double(wt_[size_t(t)]);
