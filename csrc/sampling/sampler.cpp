@@ -139,7 +139,6 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     // so a min-p cut above that is complete; for top-p the candidates are sorted once they hold its mass, or,
     // where they are many (a flat distribution), cut without sorting them all.
     block_maxes(x, n_vocab, maxes_);
-    auto by_logit = [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
     for (float d = 4.0f;; d = d < 8.0f ? 2.0f * d : 1.25f * d) {
         const bool every = d > 64.0f, min_p_done = p_.min_p > 0.0f && 2.0 * std::exp(-double(d)) < double(p_.min_p);
         const float tau = every ? -INFINITY : mx - d * p_.temperature;
@@ -154,7 +153,7 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
             if (mass < double(p_.top_p) * sum) continue;
         }
         if (ids_.size() > kSortedCut) return cut_unsorted(x, mx, inv_t, every ? 88.0f : d, sum);
-        std::sort(ids_.begin(), ids_.end(), by_logit);
+        std::sort(ids_.begin(), ids_.end(), ByLogit{x});
         if (cut_prefix(sum, every || min_p_done)) return;
     }
 }
@@ -197,7 +196,7 @@ void Sampler::cut_unsorted(const float* x, float mx, float inv_t, float span, do
         else if (b == cut) ring_.push_back(t);
     }
     ids_.resize(kept);
-    std::sort(ring_.begin(), ring_.end(), [&](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    std::sort(ring_.begin(), ring_.end(), ByLogit{x});
     double cum = before;
     for (int t : ring_) {
         ids_.push_back(t);

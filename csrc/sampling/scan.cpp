@@ -114,7 +114,7 @@ int first_argmax(const float* x, int n) { return first_argmax_ref(x, n); }
 #endif
 
 void top_k(const float* x, int n, int k, std::vector<int>& out) {
-    auto better = [x](int a, int b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+    const ByLogit better{x};
     out.resize(size_t(k));
     std::iota(out.begin(), out.end(), 0);
     std::make_heap(out.begin(), out.end(), better);

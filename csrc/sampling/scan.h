@@ -19,6 +19,12 @@ bool any_allowed(const uint32_t* allow, int n);
 // x[t] = -inf for every token t whose bit is clear; returns how many are allowed.
 int mask_disallowed(float* x, int n, const uint32_t* allow);
 
+// Token a before token b: the higher logit, then the lower id (top-k's order, and a cut's).
+struct ByLogit {
+    const float* x;
+    bool operator()(int a, int b) const { return x[a] > x[b] || (x[a] == x[b] && a < b); }
+};
+
 // The k best tokens (by logit, then id) in that order, 0 < k < n: the best seen kept in a heap whose top is its
 // worst, runs of 16 logits none above that worst passed over whole (a vocabulary costs about one compare a
 // token, a sort of it ~1 ms at 152k).
