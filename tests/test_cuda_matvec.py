@@ -62,9 +62,13 @@ MMA = [("q4_k", 1536, 8960), ("q4_k", 1003, 2048), ("q6_k", 8960, 1536), ("q6_k"
        ("q8_0", 1003, 896)]
 
 
+# The bf16 product copies 64 weight rows a stage as one tensor copy where rows are 16-byte multiples, a copy a
+# row where not (Q8_0 at an odd count of 128-value slices: 896); 1280 (five 256-value groups) takes the first.
+MMA_BF16 = MMA + [("q8_0", 1003, 1280)]
+
+
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17, 33, 64])
-@pytest.mark.parametrize("wtype,n,k", MMA)
-@pytest.mark.parametrize("path", ["mma", "bf16"])
+@pytest.mark.parametrize("path,wtype,n,k", [("mma", *s) for s in MMA] + [("bf16", *s) for s in MMA_BF16])
 def test_mma_matmul_against_float64(rng, wtype, n, k, rows, path):
     """A batch's decode product on the tensor cores (1, 2, 4 and 8 tiles of 8 rows; rows past N and M; K split
     where the shape asks) against float64: int8 (gemm_q8) with the bound of rounding x to 8 bits, bf16

@@ -66,7 +66,8 @@ tables = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
 r.step(np.arange(20, dtype=np.int32), np.array(list(range(9)) + list(range(11)), np.int32),
        np.array([9, 11], np.int32), tables)
 r.step(np.array([3, 4], np.int32), np.array([9, 11], np.int32), np.array([1, 1], np.int32), tables)
-for t, bv, bb, n, k in ((12, 256, 144, 1003, 2048), (14, 256, 210, 77, 3584), (8, 32, 34, 200, 896)):
+for t, bv, bb, n, k in ((12, 256, 144, 1003, 2048), (14, 256, 210, 77, 3584), (8, 32, 34, 200, 896),
+                        (8, 32, 34, 200, 1280)):
     w = rng.integers(0, 256, size=(n, k // bv * bb), dtype=np.uint8)
     blocks = w.reshape(n, k // bv, bb)  # the f16 scales (d, and Q4_K's dmin) finite
     for at in ((208,) if t == 14 else (0, 2) if t == 12 else (0,)):

@@ -81,7 +81,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     const size_t dev_w = size_t(N) * size_t(row_bytes(type, K));  // the upload's layout (lay_rows)
     Waits waits;  // before the memory: it outlives it
     DevMem dw(dev_w + 256, waits), dx(size_t(rows) * K * 4, waits), dy(size_t(rows) * N * 4, waits),
-        wh(size_t(N) * K * 2, waits), xh(size_t(rows) * K * 2, waits),
+        wh(size_t(N) * K * 2, waits), xh(cuda::mma_act_bytes(rows, K), waits),
         part(size_t(std::max({cuda::gemm_splits(rows, N, K), cuda::gemm_q_splits(rows, N, K),
                               how == "mma" ? cuda::gemm_q8_splits(type, rows, N, K) : 1,
                               how == "bf16" ? cuda::gemm_mma_splits(type, rows, N, K) : 1,
@@ -95,7 +95,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {
         if (how == "bf16" || how == "stream") {
-            cuda::mma_act((const float*)dx.p, K, rows, K, xh.p, s);
+            (how == "bf16" ? cuda::mma_act_chunks : cuda::mma_act)((const float*)dx.p, K, rows, K, xh.p, s);
             (how == "bf16" ? cuda::gemm_mma : cuda::gemm_stream)(type, xh.p, rows, K, (const uint8_t*)dw.p, N,
                                                                  (float*)dy.p, N, nullptr, (float*)part.p, s);
         } else if (how == "mma") {

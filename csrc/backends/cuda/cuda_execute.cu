@@ -69,7 +69,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
                                  node.name.c_str(), choice.c_str(), rows));
     if (stream || bf16) {  // both take x in bf16, laid out by mma_act
         void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
-        cuda::mma_act(x, ldx, rows, K, xb, stream_);
+        (stream ? cuda::mma_act : cuda::mma_act_chunks)(x, ldx, rows, K, xb, stream_);
         const auto splits = stream ? cuda::gemm_stream_splits : cuda::gemm_mma_splits;
         const auto product = stream ? cuda::gemm_stream : cuda::gemm_mma;
         return each_part([&](const Proj& p) { return splits(p.w->type, rows, p.n_out, K); },

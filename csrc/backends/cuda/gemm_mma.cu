@@ -2,9 +2,12 @@
 // (mma_act) and a quantized W, each weight byte read from memory once a call.
 //
 // A block takes 64 weight rows (16 a warp) and every activation row.  K streams through a ring of shared-memory
-// stages, each one slice of K (256 values: a K-quant super-block a row; 128 for Q8_0): the weights' raw bytes and
-// the activations' bf16, each row one bulk copy by the copy engine counted on the stage's mbarrier (a thread a
-// row).  For each 32-value unit of the slice a warp decodes its rows' quants straight from shared memory into
+// stages, each one slice of K (256 values: a K-quant super-block a row; 128 for Q8_0): the weights' raw bytes,
+// one 2-D tensor copy (TMA: 64 rows of the slice's 16-byte-aligned span), and the activations' bf16, one bulk
+// copy a 128-value chunk (mma_act_chunks lays x out chunk-major so that a chunk's rows are contiguous), all
+// counted on the stage's mbarrier.  (A bulk copy a row -- 128 a stage -- cost a third of the product's time at
+// 64 rows.)  Weights whose rows are not 16-byte multiples (Q8_0 at an odd count of 128-value slices), which no
+// tensor map can describe, come a bulk copy a row.  For each 32-value unit of the slice a warp decodes its rows' quants straight from shared memory into
 // bf16 mma fragments with their scales applied (mma_weights.cuh; no dequantized copy anywhere; the magic-number
 // conversion, no integer-to-float instruction) and multiplies them with every activation row by two mma.sync
 // m16n8k16 (bf16 x bf16 -> f32).  The sums need no per-unit scaling: a unit's scales are in the weights, so the tensor cores'
@@ -15,6 +18,9 @@
 //
 // Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the mma path, with the
 // bound of rounding x and the weights' scaled quants to bf16).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
 #include "backends/cuda/batch_gemm.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
@@ -24,13 +30,14 @@ namespace minfer::cuda {
 
 namespace {
 
-constexpr int kWRows = 64, kThreads = 2 * kWRows;  // a thread a weight row and one an activation row copy
+constexpr int kWRows = 64, kThreads = 2 * kWRows;  // four warps of 16 weight rows
+constexpr int kChunk = 128, kChunkStride = 2 * kChunk + 64;  // x's chunk: 128 bf16 and 64 bytes apart a row
 
 __device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *(const uint2*)p; }
 
-// Per weight type: the slice (values), a row-slice's bytes, the stage's row stride (32 mod 128 bytes or its
-// negative: the 16 lanes of a 64-bit load phase touch four rows on distinct banks; room for the slice at any
-// 16-byte offset the copy keeps), and lane t's fragments of unit j of a row whose slice starts at p.
+// Per weight type: the slice (values), a row-slice's bytes, the stage's row stride = the tensor copy's box width
+// (32 mod 128 bytes or its negative: the 16 lanes of a 64-bit load phase touch four rows on distinct banks; room
+// for the slice at any 16-byte offset), and lane t's fragments of unit j of a row whose slice starts at p.
 template <int T> struct MmaW;
 
 template <> struct MmaW<GGML_TYPE_Q4_K> {
@@ -83,60 +90,79 @@ template <> struct MmaW<GGML_TYPE_Q8_0> {
     }
 };
 
-// A stage: W (64 rows at kStride), x's bf16 (8 NT rows at 2 kSlice + 64 bytes: 16-byte loads of a phase's two
-// rows on distinct banks).  Few tiles keep four stages in flight (a small batch's product is a stream of weight
-// bytes); four or eight tiles two, whose multiplies outlast a stage's copy.
+// A stage: W (64 rows at kStride), then x's chunks of the slice, each 8 NT rows at kChunkStride (16-byte loads
+// of a phase's two rows on distinct banks).  Few tiles keep four stages in flight (a small batch's product is a
+// stream of weight bytes); four or eight tiles two, whose multiplies outlast a stage's copy.  Every stage starts
+// on a 128-byte boundary, as the tensor copy needs.
 template <int T, int NT> struct Stage {
     static constexpr int kSlice = MmaW<T>::kSlice, kUnits = kSlice / 32, kTok = 8 * NT, kCount = NT >= 4 ? 2 : 4;
-    static constexpr int kXStride = 2 * kSlice + 64;
-    static constexpr int kW = kWRows * MmaW<T>::kStride, kX = kTok * kXStride;
+    static constexpr int kChunks = kSlice / kChunk, kXChunk = kTok * kChunkStride;
+    static constexpr int kW = kWRows * MmaW<T>::kStride, kX = kChunks * kXChunk;
     static constexpr int kBytes = kW + kX;
+    static_assert(kW % 128 == 0 && kBytes % 128 == 0, "stages on 128-byte boundaries");
 };
 
+// One 2-D tensor copy: the box at (byte c0 of row c1) of the map into dst, counted on bar.
+__device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, int c0, int c1, uint64_t* bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(smem_addr(dst)), "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+        : "memory");
+}
+
 // y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to y + z M N (ldy N).
-// Copies: thread i < 64 brings weight row i's slice (the 16-byte pieces covering it), thread 64 + r activation
-// row r's, each one bulk copy a stage counted on the stage's barrier; rows past N or M are not copied (their
-// products land in outputs that are never written).
+// x is mma_act_chunks' layout of M rows.  Thread 0 issues the weights' box (rows past N arrive as zeros) where
+// `tensor`, else thread i < 64 weight row i's 16-byte pieces covering the slice (rows past N are not copied), and
+// thread 0 x's chunks (M rows; those past M in the stage are never written to y).
 template <int T, int NT>
 __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16* __restrict__ x, int M, int64_t K,
+                                                            const __grid_constant__ CUtensorMap wmap, bool tensor,
                                                             const uint8_t* __restrict__ W, int64_t rb, int64_t N,
                                                             int64_t k_len, float* __restrict__ y, int64_t ldy,
                                                             const float* __restrict__ bias) {
     using S = Stage<T, NT>;
     using WT = MmaW<T>;
     constexpr int kS = S::kCount;
-    extern __shared__ __align__(128) uint8_t smem[];
-    __shared__ __align__(8) uint64_t full[kS];
+    extern __shared__ __align__(1024) uint8_t smem[];
+    uint64_t* full = (uint64_t*)(smem + kS * S::kBytes);
     const int64_t n0 = int64_t(blockIdx.x) * kWRows;
     const int64_t s_begin = int64_t(blockIdx.z) * k_len / S::kSlice;
     const int64_t k_end = int64_t(blockIdx.z + 1) * k_len, s_end = (k_end < K ? k_end : K) / S::kSlice;
     const int64_t steps = s_end - s_begin;
     if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
-    const int w_rows = int(N - n0 < kWRows ? N - n0 : kWRows), x_rows = M < S::kTok ? M : S::kTok;
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < kS; i++) init_stage_barrier(&full[i], unsigned(w_rows + x_rows));
+    const int tid = threadIdx.x, w_rows = int(N - n0 < kWRows ? N - n0 : kWRows);
+    const bool issuer = tid == 0, row_issuer = !tensor && tid < w_rows;
+    if (issuer) {
+        for (int i = 0; i < kS; i++) init_stage_barrier(&full[i], tensor ? 1u : 1u + unsigned(w_rows));
         fence_barrier_init();
     }
     __syncthreads();
 
-    const int tid = threadIdx.x;
-    const bool w_issuer = tid < w_rows, x_issuer = tid >= kWRows && tid - kWRows < x_rows;
-    const uint8_t* w_row = W + (n0 + (w_issuer ? tid : 0)) * rb;
-    auto issue_w = [&](int64_t t) {
-        const uintptr_t g = uintptr_t(w_row + (s_begin + t) * WT::kBytes), a = g & ~uintptr_t(15);
-        bulk_copy(smem + (t % kS) * S::kBytes + tid * WT::kStride, (const void*)a,
-                  unsigned((g + WT::kBytes + 15) / 16 * 16 - a), &full[t % kS]);
+    const unsigned x_bytes = unsigned(M) * kChunkStride;  // a chunk's rows, contiguous
+    const uint8_t* w_row = W + (n0 + (row_issuer ? tid : 0)) * rb;
+    auto issue_w = [&](int64_t t) {  // the stage's arrivals, expecting all of its bytes, and its weights
+        uint64_t* bar = &full[t % kS];
+        const int64_t at = (s_begin + t) * WT::kBytes;
+        if (issuer) expect_bytes(bar, (tensor ? unsigned(S::kW) : 0u) + S::kChunks * x_bytes);
+        if (tensor && issuer) tensor_copy(smem + (t % kS) * S::kBytes, &wmap, int(at & ~int64_t(15)), int(n0), bar);
+        if (row_issuer) {
+            const uintptr_t g = uintptr_t(w_row + at), a = g & ~uintptr_t(15);
+            bulk_copy(smem + (t % kS) * S::kBytes + tid * WT::kStride, (const void*)a,
+                      unsigned((g + WT::kBytes + 15) / 16 * 16 - a), bar);
+        }
     };
     auto issue_x = [&](int64_t t) {
-        const int r = tid - kWRows;
-        bulk_copy(smem + (t % kS) * S::kBytes + S::kW + r * S::kXStride, x + r * K + (s_begin + t) * S::kSlice,
-                  unsigned(2 * S::kSlice), &full[t % kS]);
+        const int64_t c0 = (s_begin + t) * S::kChunks;
+#pragma unroll
+        for (int c = 0; c < S::kChunks; c++)
+            bulk_copy_only(smem + (t % kS) * S::kBytes + S::kW + c * S::kXChunk,
+                           (const uint8_t*)x + (c0 + c) * M * kChunkStride, x_bytes, &full[t % kS]);
     };
     // the weights of every stage before the wait for the kernel before (they are no kernel's output)
-    if (w_issuer)
+    if (issuer || row_issuer)
         for (int t = 0; t < kS && t < steps; t++) issue_w(t);
     pdl_start();
-    if (x_issuer)
+    if (issuer)
         for (int t = 0; t < kS && t < steps; t++) issue_x(t);
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -152,27 +178,27 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
         const uint8_t* p[2];
         typename WT::Hdr h[2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = r0 + 8 * i;
-            const int64_t row = n0 + r < N ? n0 + r : N - 1;
-            p[i] = st + r * WT::kStride + int((uintptr_t(W + row * rb + sl * WT::kBytes)) & 15);
+        for (int i = 0; i < 2; i++) {  // a row's copy starts at the 16-byte boundary below its slice
+            const int64_t row = n0 + r0 + 8 * i < N ? n0 + r0 + 8 * i : N - 1;
+            p[i] = st + (r0 + 8 * i) * WT::kStride + int(uintptr_t(W + row * rb + sl * WT::kBytes) & 15);
             h[i] = WT::hdr(p[i], sl);
         }
-        const uint8_t* xs = st + S::kW + g * S::kXStride + 16 * t4;
+        const uint8_t* xs = st + S::kW + g * kChunkStride + 16 * t4;
 #pragma unroll
         for (int j = 0; j < S::kUnits; j++) {
             const Frag a = WT::unit(p[0], h[0], j, t4), b = WT::unit(p[1], h[1], j, t4);
 #pragma unroll
             for (int n = 0; n < NT; n++) {
-                const uint4 xb = *(const uint4*)(xs + 8 * n * S::kXStride + 64 * j);
+                const uint4 xb =
+                    *(const uint4*)(xs + (j / 4) * S::kXChunk + 8 * n * kChunkStride + 64 * (j % 4));
                 mma_bf16(acc[n], a.f[0], b.f[0], a.f[1], b.f[1], xb.x, xb.y);
                 mma_bf16(acc[n], a.f[2], b.f[2], a.f[3], b.f[3], xb.z, xb.w);
             }
         }
         __syncthreads();  // every warp is done with the stage: it is refilled with slice t + kS
         if (t + kS < steps) {
-            if (w_issuer) issue_w(t + kS);
-            if (x_issuer) issue_x(t + kS);
+            if (issuer || row_issuer) issue_w(t + kS);
+            if (issuer) issue_x(t + kS);
         }
     }
     const bool add_bias = bias && gridDim.z == 1;
@@ -186,8 +212,10 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
         }
 }
 
-// x [rows, K] (ldx apart) -> bf16 [rows, K], each 8 values in the mma's order (0 2 1 3 4 6 5 7).
-__global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out) {
+// x [rows, K] (ldx apart) -> bf16, each 8 values in the mma's order (0 2 1 3 4 6 5 7): row-major [rows, K]
+// (chunked false), or chunk-major (value k of row r at byte ((k / 128) rows + r) kChunkStride + 2 (k % 128)).
+__global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out,
+                               bool chunked) {
     pdl_start();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (8 * i >= K) return;
@@ -197,7 +225,9 @@ __global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t
     o.y = as_u32(__floats2bfloat162_rn(a.y, a.w));
     o.z = as_u32(__floats2bfloat162_rn(b.x, b.z));
     o.w = as_u32(__floats2bfloat162_rn(b.y, b.w));
-    *(uint4*)(out + r * K + 8 * i) = o;
+    const int64_t k = 8 * i;
+    const int64_t at = chunked ? ((k / kChunk) * gridDim.y + r) * (kChunkStride / 2) + k % kChunk : r * K + k;
+    *(uint4*)(out + at) = o;
 }
 
 static_assert(MmaW<GGML_TYPE_Q4_K>::kSlice == 256 && MmaW<GGML_TYPE_Q6_K>::kSlice == 256 &&
@@ -205,7 +235,7 @@ static_assert(MmaW<GGML_TYPE_Q4_K>::kSlice == 256 && MmaW<GGML_TYPE_Q6_K>::kSlic
 
 template <int T, int NT> struct Build {
     static constexpr auto kernel = gemm_mma_kernel<T, NT>;
-    static constexpr size_t smem = size_t(Stage<T, NT>::kCount) * Stage<T, NT>::kBytes;
+    static constexpr size_t smem = size_t(Stage<T, NT>::kCount) * (Stage<T, NT>::kBytes + 8);  // + the barriers
 };
 
 }  // namespace
@@ -221,14 +251,44 @@ int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
     return sl ? stream_splits((N + kWRows - 1) / kWRows, K / sl) : 1;
 }
 
-size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t(K) * 2; }
+size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t((K + kChunk - 1) / kChunk) * kChunkStride; }
 
-void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
-    if (K % 8 || ldx % 4)
-        throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of 8), stride %lld (of 4)", (long long)K,
-                                 (long long)ldx));
+static void act(const float* x, int64_t ldx, int rows, int64_t K, void* out, bool chunked, cudaStream_t s) {
+    if (K % (chunked ? kChunk : 8) || ldx % 4)
+        throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of %d), stride %lld (of 4)", (long long)K,
+                                 chunked ? kChunk : 8, (long long)ldx));
     launch("mma_act", mma_act_kernel, dim3(unsigned((K / 8 + 127) / 128), unsigned(rows)), dim3(128), 0, s, x, ldx, K,
-           (__nv_bfloat16*)out);
+           (__nv_bfloat16*)out, chunked);
+}
+void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
+    act(x, ldx, rows, K, out, false, s);
+}
+void mma_act_chunks(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
+    act(x, ldx, rows, K, out, true, s);
+}
+
+// W's rows as a 2-D tensor of bytes whose box is one stage: a row-slice's 16-byte-aligned span, 64 rows (W
+// 16-byte aligned, rows 16-byte multiples).
+static CUtensorMap weight_map(uint32_t type, const uint8_t* W, int64_t rb, int64_t N, int box) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* fn = nullptr;
+        cudaDriverEntryPointQueryResult found{};
+        const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault,
+                                                               &found);
+        if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || !fn)
+            throw MinferError("CUDA gemm_mma: the driver has no cuTensorMapEncodeTiled (CUDA 12 or newer needed)");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+    }();
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {cuuint64_t(rb), cuuint64_t(N)}, strides[1] = {cuuint64_t(rb)};
+    const cuuint32_t boxes[2] = {cuuint32_t(box), cuuint32_t(kWRows)}, steps[2] = {1, 1};
+    const CUresult r = encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<uint8_t*>(W), dims, strides, boxes,
+                              steps, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS)
+        throw MinferError(strfmt("CUDA gemm_mma: no tensor map for %lld x %lld bytes of %s weights (error %d)",
+                                 (long long)N, (long long)rb, type_traits(type).name, int(r)));
+    return map;
 }
 
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
@@ -242,10 +302,16 @@ void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t
     const int sl = batch_slice(wtype);
     const int64_t k_len = (K / sl + splits - 1) / splits * sl;  // whole slices a range; the last may be shorter
     const int64_t rb = row_bytes(wtype, K);
+    const int box = wtype == GGML_TYPE_Q4_K ? MmaW<GGML_TYPE_Q4_K>::kStride
+                    : wtype == GGML_TYPE_Q6_K ? MmaW<GGML_TYPE_Q6_K>::kStride : MmaW<GGML_TYPE_Q8_0>::kStride;
+    const bool tensor = uintptr_t(W) % 16 == 0 && rb % 16 == 0;
+    CUtensorMap wmap{};
+    if (tensor) wmap = weight_map(wtype, W, rb, N, box);
     const auto k = batch_kernel<Build>(wtype, nt, "gemm_mma");
     const dim3 grid(unsigned((N + kWRows - 1) / kWRows), 1u, unsigned(splits));
     float* out = splits > 1 ? partial : y;
-    launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, W, rb, N, k_len,
+    launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, wmap, tensor, W, rb,
+           N, k_len,
            out, splits > 1 ? N : ldy, bias);
     if (splits > 1) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
 }
