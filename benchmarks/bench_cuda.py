@@ -192,8 +192,7 @@ def kernels() -> None:
                 print(f"matvec {path:3} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s")
         for rows in (2, 4, 8, 16, 32, 64):  # a batch's decode step: int8 / bf16 tensor cores, else gemm_q
             x = rng.standard_normal((rows, k)).astype(np.float32)
-            paths = ["mma", "bf16"] + (["stream"] if t in (12, 14) and rows <= 16 else []) if t in (8, 12, 14) \
-                else ["gemm"]
+            paths = ["mma", "bf16"] if t in (8, 12, 14) else ["gemm"]
             for path in paths:
                 _, sec = M.cuda_matmul(t, w, x, n, 20, path=path)
                 print(f"{path:6} {tname} {n}x{k} rows={rows}: {sec * 1e6:7.1f} us  {w.nbytes / sec / 1e9:6.0f} GB/s  "

@@ -100,8 +100,9 @@ def test_llamacpp_fixtures_through_the_batch_path(name, ids, device, rng):
 
 @pytest.mark.gpu
 def test_cuda_batch_products_by_rows(force):
-    """A CUDA batch step's products: int8 on 8-bit activations up to 16 rows, bf16 from 17 (the rule gives the
-    forced kernel's bits, and the other kernel's differ), one token from each of n sequences."""
+    """A CUDA batch step's products on Q8_0 weights whose rows are no 16-byte multiples (a bulk copy a row): int8 on
+    8-bit activations at 2 rows, bf16 from 3 (the rule gives the forced kernel's bits, and the other kernel's
+    differ), one token from each of n sequences."""
     require_cuda()
     model = _minfer.Model(str(synthetic_model("qwen2-tiny-q8_0")))
 
@@ -112,19 +113,18 @@ def test_cuda_batch_products_by_rows(force):
         tables[:, 0] = np.arange(n)  # a block each
         return runner.step(np.arange(100, 100 + n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, np.int32), tables)
 
-    for n, rule, other in ((16, "int8", "bf16"), (17, "bf16", "int8")):
+    for n, rule, other in ((2, "int8", "bf16"), (3, "bf16", "int8"), (17, "bf16", "int8")):
         auto = step(n, "auto")
         assert np.array_equal(auto, step(n, rule)), n
         assert not np.array_equal(auto, step(n, other)), n
 
 
 @pytest.mark.gpu
-def test_cuda_batch_products_stream_by_rows(force):
-    """The 1.5B layout's Q4_K/Q6_K products at 9-16 rows take the bf16 product fed from registers (the rule gives
-    the forced kernel's bits; the shared-memory stages' and int8's differ; 8 and 17 rows take int8 and bf16), and
-    a sequence's logits in a batch of 5 with the kernel forced are the bits of its row in a batch of 16 (the
-    streamed product computes a row the same at every row count).  Weights it lacks (Q8_0) with the kernel
-    forced: an error naming it."""
+def test_cuda_batch_products_of_a_layout_by_rows(force):
+    """The 1.5B layout's Q4_K/Q6_K products (a tensor copy a stage): 2 rows take the matvec's rows kernel, 3-64 the
+    bf16 tensor cores (the rule gives the forced kernel's bits; int8's differ), and a sequence's logits in a batch
+    of 5 are the bits of its row in a batch of 16 (the product computes a row the same at every row count).  A
+    kernel forced where the weights lack it (the matvec's rows kernel on Q8_0): an error naming it."""
     require_cuda()
 
     def step(model, n, choice):
@@ -135,17 +135,15 @@ def test_cuda_batch_products_stream_by_rows(force):
         return runner.step(np.arange(100, 100 + n, dtype=np.int32), np.zeros(n, np.int32), np.ones(n, np.int32), tables)
 
     model = _minfer.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
-    for n in (9, 16):
+    for n in (3, 64, 16):
         auto = step(model, n, "auto")
         assert np.isfinite(auto).all(), n
-        assert np.array_equal(auto, step(model, n, "stream")), n
-        for other in ("int8", "bf16"):
-            assert not np.array_equal(auto, step(model, n, other)), (n, other)
-    assert np.array_equal(step(model, 5, "stream"), auto[:5])
-    for n, rule in ((8, "int8"), (17, "bf16")):
-        assert np.array_equal(step(model, n, "auto"), step(model, n, rule)), n
-    with pytest.raises(minfer.MinferError, match="cuda.batch_matmul=stream"):
-        step(_minfer.Model(str(synthetic_model("qwen2-tiny-q8_0"))), 4, "stream")
+        assert np.array_equal(auto, step(model, n, "bf16")), n
+        assert not np.array_equal(auto, step(model, n, "int8")), n
+    assert np.array_equal(step(model, 5, "auto"), auto[:5])
+    assert np.array_equal(step(model, 2, "auto"), step(model, 2, "matvec"))
+    with pytest.raises(minfer.MinferError, match="cuda.batch_matmul=matvec"):
+        step(_minfer.Model(str(synthetic_model("qwen2-tiny-q8_0"))), 2, "matvec")
 
 
 @pytest.mark.gpu

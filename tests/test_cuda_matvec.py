@@ -40,7 +40,7 @@ def check_against_float64(rng, wtype, n, k, rows, path):
     ref = x.astype(np.float64) @ W.T
     S = np.abs(x).astype(np.float64) @ np.abs(W).T
     mins = None  # |q s| + |m| per weight where a type has a min: bf16 rounds q s and m apart
-    if path in ("bf16", "stream") and t in MIN_FIELDS:
+    if path == "bf16" and t in MIN_FIELDS:
         parts = [dequantize(with_min_zeroed(t, w.reshape(-1), keep), t) for keep in ("scale", "min")]
         mins = (np.abs(parts[0]) + np.abs(parts[1])).reshape(n, k).astype(np.float64)
     if path == "f32":  # matvec: f32 products summed in f32 (gamma_K)
@@ -48,7 +48,7 @@ def check_against_float64(rng, wtype, n, k, rows, path):
     elif path in ("q8", "mma"):  # x rounded to 8 bits per 32 values (error <= d / 2, d = amax / 127), then as f32
         d = np.abs(x).astype(np.float64).reshape(rows, k // 32, 32).max(-1) / 127
         bound = 0.5 * (1 + 1e-5) * (d @ np.abs(W).reshape(n, k // 32, 32).sum(-1).T) + 2 * k * U * S
-    elif path in ("bf16", "stream"):  # x and each weight's scale and scaled quant (q s - m) rounded to bf16, f32 sums
+    elif path == "bf16":  # x and each weight's scale and scaled quant (q s - m) rounded to bf16, f32 sums
         A = np.abs(W) if mins is None else mins
         bound = (3.1 * UB + 2 * k * U) * (np.abs(x).astype(np.float64) @ A.T)
     else:              # tensor cores: x and W rounded to f16 (relative UH, or half a subnormal step), f32 sums
@@ -76,34 +76,22 @@ def test_mma_matmul_against_float64(rng, wtype, n, k, rows, path):
     check_against_float64(rng, wtype, n, k, rows, path)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 8, 9, 16])
-@pytest.mark.parametrize("wtype,n,k", MMA[:4] + [("q4_k", 18944, 3584), ("q6_k", 3584, 18944)])
-def test_stream_matmul_against_float64(rng, wtype, n, k, rows):
-    """The batch product fed from registers (gemm_stream: 1 and 2 tiles of 8 rows; rows past N and M; K split where
-    the shape asks, as the 7B's gate and down projections) against float64 with gemm_mma's bound."""
-    check_against_float64(rng, wtype, n, k, rows, "stream")
+@pytest.mark.parametrize("rows", [3, 16, 64])
+@pytest.mark.parametrize("wtype,n,k", [("q4_k", 18944, 3584), ("q6_k", 3584, 18944)])
+def test_bf16_matmul_at_the_7b_shapes(rng, wtype, n, k, rows):
+    """The bf16 product at the 7B's gate and down shapes (K split over blocks, 1, 2 and 8 tiles of rows) against
+    float64."""
+    check_against_float64(rng, wtype, n, k, rows, "bf16")
 
 
-def test_stream_matmul_refuses_what_it_lacks(rng):
-    """Q8_0 weights and 17 rows have no streamed product: an error naming it, not another kernel's result."""
-    t, w = random_weight("q8_0", 64, 256, rng)
-    with pytest.raises(minfer.MinferError, match="no streamed bf16 product"):
-        M.cuda_matmul(t, w, rng.standard_normal((4, 256)).astype(np.float32), 64, path="stream")
-    t, w = random_weight("q4_k", 64, 256, rng)
-    with pytest.raises(minfer.MinferError, match="no streamed bf16 product"):
-        M.cuda_matmul(t, w, rng.standard_normal((17, 256)).astype(np.float32), 64, path="stream")
-
-
-@pytest.mark.parametrize("path,wtype,n,k", [(p, *s) for p in ("mma", "bf16", "stream") for s in MMA[::2]
-                                              if p != "stream" or s[0] != "q8_0"])
+@pytest.mark.parametrize("path,wtype,n,k", [(p, *s) for p in ("mma", "bf16") for s in MMA[::2]])
 def test_mma_rows_do_not_depend_on_the_batch(rng, wtype, n, k, path):
     """A row's product is the same bits whatever other rows share the call: integer sums, the same split and the
     same order of the f32 adds at every row count."""
     t, w = random_weight(wtype, n, k, rng)
-    top = 16 if path == "stream" else 64
-    x = rng.standard_normal((top, k)).astype(np.float32)
+    x = rng.standard_normal((64, k)).astype(np.float32)
     full, _ = M.cuda_matmul(t, w, x, n, path=path)
-    for rows in (2, 7, 11, 40 if top == 64 else 16):
+    for rows in (2, 7, 11, 40):
         part, _ = M.cuda_matmul(t, w, x[:rows], n, path=path)
         assert np.array_equal(part, full[:rows]), rows
 

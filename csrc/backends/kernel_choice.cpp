@@ -30,10 +30,9 @@ const std::vector<KernelChoiceSpec> kChoices = {
      "decode attention through the general kernel, or the warp kernels (a block per query head) where the "
      "tensor-core kernel for a KV head's query heads would run"},
     {"cuda.attention_merge", "cluster|combine", "decode attention's splits merged by a block cluster or a second launch"},
-    {"cuda.batch_matmul", "matvec|int8|bf16|stream|f16",
+    {"cuda.batch_matmul", "matvec|int8|bf16|f16",
      "a batch step's products (2-64 rows): the 8-bit matvec streaming each weight once for two rows, int8 "
-     "tensor cores on 8-bit activations, bf16 ones on shared-memory stages or fed from registers (up to 16 "
-     "rows), or f16 on dequantized slices"},
+     "tensor cores on 8-bit activations, bf16 ones on shared-memory stages, or f16 on dequantized slices"},
     {"cuda.attention_group", "1|all", "a batch's paged decode attention: a block per query head, or per KV head"},
     {"cpu.attention", "f32|tiles",
      "attention on the vector units in f32 a (row, head) at a time, or in f32 on AVX-512 register tiles (an "

@@ -60,20 +60,15 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     std::string how = path;
     if (how == "auto")
         how = rows > kMatvecMaxRows ? "gemm" : decode_q8() && cuda::matvec_q8_supported(type, K) ? "q8" : "f32";
-    if (how != "gemm" && how != "q8" && how != "f32" && how != "mma" && how != "bf16" &&
-        how != "stream")
-        throw MinferError("cuda_matmul: path must be 'auto', 'f32', 'q8', 'mma', 'bf16', 'stream' or 'gemm', got '" +
-                          path + "'");
+    if (how != "gemm" && how != "q8" && how != "f32" && how != "mma" && how != "bf16")
+        throw MinferError("cuda_matmul: path must be 'auto', 'f32', 'q8', 'mma', 'bf16' or 'gemm', got '" + path + "'");
     if (how == "mma" && !cuda::gemm_q8_fits(type, rows, K))
         throw MinferError(strfmt("cuda_matmul: no int8 tensor-core product for %d rows of %s at width %lld", rows,
                                  type_traits(type).name, (long long)K));
     if (how == "bf16" && !cuda::gemm_mma_fits(type, rows, K))
         throw MinferError(strfmt("cuda_matmul: no bf16 tensor-core product for %d rows of %s at width %lld", rows,
                                  type_traits(type).name, (long long)K));
-    if (how == "stream" && !cuda::gemm_stream_fits(type, rows, K))
-        throw MinferError(strfmt("cuda_matmul: no streamed bf16 product for %d rows of %s at width %lld", rows,
-                                 type_traits(type).name, (long long)K));
-    if (how != "gemm" && how != "mma" && how != "bf16" && how != "stream" && rows > kMatvecMaxRows)
+    if (how != "gemm" && how != "mma" && how != "bf16" && rows > kMatvecMaxRows)
         throw MinferError(strfmt("cuda_matmul: the matvec paths take at most %d rows", kMatvecMaxRows));
     if (how == "q8" && !cuda::matvec_q8_supported(type, K))
         throw MinferError(strfmt("cuda_matmul: no 8-bit-activation matvec for %s at width %lld", type_traits(type).name,
@@ -84,8 +79,7 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
         wh(size_t(N) * K * 2, waits), xh(cuda::mma_act_bytes(rows, K), waits),
         part(size_t(std::max({cuda::gemm_splits(rows, N, K), cuda::gemm_q_splits(rows, N, K),
                               how == "mma" ? cuda::gemm_q8_splits(type, rows, N, K) : 1,
-                              how == "bf16" ? cuda::gemm_mma_splits(type, rows, N, K) : 1,
-                              how == "stream" ? cuda::gemm_stream_splits(type, rows, N, K) : 1})) * rows * N * 4,
+                              how == "bf16" ? cuda::gemm_mma_splits(type, rows, N, K) : 1})) * rows * N * 4,
              waits),
         xq(cuda::matvec_q8_scratch_bytes(rows, K), waits);
     std::vector<uint8_t> laid(dev_w);
@@ -94,10 +88,9 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     check(cudaMemcpy(dx.p, x, size_t(rows) * K * 4, cudaMemcpyHostToDevice), "uploading");
     cudaStream_t s = nullptr;  // the legacy stream: these calls are synchronous anyway
     auto run = [&] {
-        if (how == "bf16" || how == "stream") {
-            (how == "bf16" ? cuda::mma_act_chunks : cuda::mma_act)((const float*)dx.p, K, rows, K, xh.p, s);
-            (how == "bf16" ? cuda::gemm_mma : cuda::gemm_stream)(type, xh.p, rows, K, (const uint8_t*)dw.p, N,
-                                                                 (float*)dy.p, N, nullptr, (float*)part.p, s);
+        if (how == "bf16") {
+            cuda::mma_act((const float*)dx.p, K, rows, K, xh.p, s);
+            cuda::gemm_mma(type, xh.p, rows, K, (const uint8_t*)dw.p, N, (float*)dy.p, N, nullptr, (float*)part.p, s);
         } else if (how == "mma") {
             const cuda::Q8Act q8 = cuda::q8_act(xq.p, rows, K);
             cuda::quantize_q8((const float*)dx.p, K, rows, K, q8, s);

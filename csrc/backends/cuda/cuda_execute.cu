@@ -41,40 +41,31 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         return false;
     };
     // A batch step's products (2-64 rows): two rows of Q4_K/Q6_K weights the 8-bit matvec's rows kernel, which
-    // streams each weight once for both rows as decode does for one; 9-16 rows the bf16 tensor cores fed from
-    // registers (gemm_stream: weights loaded slices ahead, no barrier), where two tiles of 8 rows still leave the
-    // product a stream of weight bytes; from kGemmMmaMinRows the bf16 product on shared-memory stages (gemm_mma),
-    // whose stages amortize more activation rows; else int8 on 8-bit activations (gemm_q8), whose lighter
-    // decode streams faster.  cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is
-    // an error.
+    // streams each weight once for both rows as decode does for one; from kGemmMmaMinRows the bf16 tensor cores
+    // on shared-memory stages (gemm_mma: Q4_K, Q6_K, Q8_0); other types int8 on 8-bit activations (gemm_q8).
+    // cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is an error.
     const std::string choice = forced_kernel("cuda.batch_matmul");
     auto all_parts = [&](bool (*fits)(uint32_t, int64_t, int64_t)) {
         for (const Proj& p : parts)
             if (!fits(p.w->type, rows, K)) return false;
         return true;
     };
-    const bool stream = rows > 1 && (choice == "stream" || (choice.empty() && rows >= cuda::kGemmStreamMinRows)) &&
-                        all_parts(cuda::gemm_stream_fits);
-    const bool bf16 = rows > 1 && !stream && (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows)) &&
+    const bool bf16 = rows > 1 && (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows)) &&
                       all_parts(cuda::gemm_mma_fits);
-    const bool two_rows = rows > 1 && !stream && !bf16 &&
-                        (choice == "matvec" || (choice.empty() && decode_q8_)) &&
-                        all_parts(cuda::matvec_q8_rows_fits);
-    const bool mma = rows > 1 && !stream && !bf16 && !two_rows && (choice == "int8" || (choice.empty() && decode_q8_)) &&
+    const bool two_rows = rows > 1 && !bf16 && (choice == "matvec" || (choice.empty() && decode_q8_)) &&
+                          all_parts(cuda::matvec_q8_rows_fits);
+    const bool mma = rows > 1 && !bf16 && !two_rows && (choice == "int8" || (choice.empty() && decode_q8_)) &&
                      all_parts(cuda::gemm_q8_fits);
     if (rows > 1 && rows <= cuda::kGemmQ8MaxRows &&
-        ((choice == "int8" && !mma) || (choice == "bf16" && !bf16) || (choice == "matvec" && !two_rows) ||
-         (choice == "stream" && !stream)))
+        ((choice == "int8" && !mma) || (choice == "bf16" && !bf16) || (choice == "matvec" && !two_rows)))
         throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
                                  node.name.c_str(), choice.c_str(), rows));
-    if (stream || bf16) {  // both take x in bf16, laid out by mma_act
+    if (bf16) {  // x in bf16, laid out by mma_act
         void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
-        (stream ? cuda::mma_act : cuda::mma_act_chunks)(x, ldx, rows, K, xb, stream_);
-        const auto splits = stream ? cuda::gemm_stream_splits : cuda::gemm_mma_splits;
-        const auto product = stream ? cuda::gemm_stream : cuda::gemm_mma;
-        return each_part([&](const Proj& p) { return splits(p.w->type, rows, p.n_out, K); },
+        cuda::mma_act(x, ldx, rows, K, xb, stream_);
+        return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
-                             product(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
+                             cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
                          });
     }
     if (mma) {

@@ -4,7 +4,7 @@
 // A block takes 64 weight rows (16 a warp) and every activation row.  K streams through a ring of shared-memory
 // stages, each one slice of K (256 values: a K-quant super-block a row; 128 for Q8_0): the weights' raw bytes,
 // one 2-D tensor copy (TMA: 64 rows of the slice's 16-byte-aligned span), and the activations' bf16, one bulk
-// copy a 128-value chunk (mma_act_chunks lays x out chunk-major so that a chunk's rows are contiguous), all
+// copy a 128-value chunk (mma_act lays x out chunk-major so that a chunk's rows are contiguous), all
 // counted on the stage's mbarrier.  (A bulk copy a row -- 128 a stage -- cost a third of the product's time at
 // 64 rows.)  Weights whose rows are not 16-byte multiples (Q8_0 at an odd count of 128-value slices), which no
 // tensor map can describe, come a bulk copy a row.  For each 32-value unit of the slice a warp decodes its rows' quants straight from shared memory into
@@ -111,7 +111,7 @@ __device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, i
 }
 
 // y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to y + z M N (ldy N).
-// x is mma_act_chunks' layout of M rows.  Thread 0 issues the weights' box (rows past N arrive as zeros) where
+// x is mma_act's layout of M rows.  Thread 0 issues the weights' box (rows past N arrive as zeros) where
 // `tensor`, else thread i < 64 weight row i's 16-byte pieces covering the slice (rows past N are not copied), and
 // thread 0 x's chunks (M rows; those past M in the stage are never written to y).
 template <int T, int NT>
@@ -212,10 +212,9 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
         }
 }
 
-// x [rows, K] (ldx apart) -> bf16, each 8 values in the mma's order (0 2 1 3 4 6 5 7): row-major [rows, K]
-// (chunked false), or chunk-major (value k of row r at byte ((k / 128) rows + r) kChunkStride + 2 (k % 128)).
-__global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out,
-                               bool chunked) {
+// x [rows, K] (ldx apart) -> bf16 chunk-major (value k of row r at byte ((k / 128) rows + r) kChunkStride +
+// 2 (k % 128)), each 8 values in the mma's order (0 2 1 3 4 6 5 7).
+__global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out) {
     pdl_start();
     const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
     if (8 * i >= K) return;
@@ -226,8 +225,7 @@ __global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t
     o.z = as_u32(__floats2bfloat162_rn(b.x, b.z));
     o.w = as_u32(__floats2bfloat162_rn(b.y, b.w));
     const int64_t k = 8 * i;
-    const int64_t at = chunked ? ((k / kChunk) * gridDim.y + r) * (kChunkStride / 2) + k % kChunk : r * K + k;
-    *(uint4*)(out + at) = o;
+    *(uint4*)(out + ((k / kChunk) * gridDim.y + r) * (kChunkStride / 2) + k % kChunk) = o;
 }
 
 static_assert(MmaW<GGML_TYPE_Q4_K>::kSlice == 256 && MmaW<GGML_TYPE_Q6_K>::kSlice == 256 &&
@@ -253,18 +251,12 @@ int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
 
 size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t((K + kChunk - 1) / kChunk) * kChunkStride; }
 
-static void act(const float* x, int64_t ldx, int rows, int64_t K, void* out, bool chunked, cudaStream_t s) {
-    if (K % (chunked ? kChunk : 8) || ldx % 4)
-        throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of %d), stride %lld (of 4)", (long long)K,
-                                 chunked ? kChunk : 8, (long long)ldx));
-    launch("mma_act", mma_act_kernel, dim3(unsigned((K / 8 + 127) / 128), unsigned(rows)), dim3(128), 0, s, x, ldx, K,
-           (__nv_bfloat16*)out, chunked);
-}
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
-    act(x, ldx, rows, K, out, false, s);
-}
-void mma_act_chunks(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
-    act(x, ldx, rows, K, out, true, s);
+    if (K % kChunk || ldx % 4)
+        throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of %d), stride %lld (of 4)", (long long)K,
+                                 kChunk, (long long)ldx));
+    launch("mma_act", mma_act_kernel, dim3(unsigned((K / 8 + 127) / 128), unsigned(rows)), dim3(128), 0, s, x, ldx, K,
+           (__nv_bfloat16*)out);
 }
 
 // W's rows as a 2-D tensor of bytes whose box is one stage: a row-slice's 16-byte-aligned span, 64 rows (W

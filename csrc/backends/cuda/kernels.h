@@ -106,23 +106,15 @@ bool gemm_q8_fits(uint32_t type, int64_t M, int64_t K);
 int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
 void gemm_q8(uint32_t wtype, Q8Act x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
              const float* bias, float* partial, cudaStream_t s);
-// The same on the bf16 tensor cores (gemm_mma.cu): x laid out by mma_act_chunks (mma_act_bytes of scratch), the
-// quants decoded to bf16 with their scales; partial: gemm_mma_splits(...) * M * N floats (or null: no split).
-constexpr int kGemmMmaMinRows = 17, kGemmMmaMaxRows = 64;  // the batch step takes it from kGemmMmaMinRows rows
+// The same on the bf16 tensor cores (gemm_mma.cu): x laid out by mma_act (mma_act_bytes of scratch), the quants
+// decoded to bf16 with their scales; partial: gemm_mma_splits(...) * M * N floats (or null: no split).
+constexpr int kGemmMmaMinRows = 3, kGemmMmaMaxRows = 64;  // the batch step takes it from kGemmMmaMinRows rows
 bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K);
 int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
 size_t mma_act_bytes(int rows, int64_t K);
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s);
-void mma_act_chunks(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s);
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
               const float* bias, float* partial, cudaStream_t s);
-// The same streamed with no shared memory (gemm_stream.cu): x laid out by mma_act, Q4_K or Q6_K weights loaded
-// into registers a few slices ahead; partial: gemm_stream_splits(...) * M * N floats (or null: no split).
-constexpr int kGemmStreamMinRows = 9, kGemmStreamMaxRows = 16;  // the batch step takes it for these
-bool gemm_stream_fits(uint32_t type, int64_t M, int64_t K);
-int gemm_stream_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
-void gemm_stream(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y,
-                 int64_t ldy, const float* bias, float* partial, cudaStream_t s);
 // x [rows, K] (ldx apart) rounded to 8-bit blocks of 32 into q8 (matvec_q8's activations).
 void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s);
 // How many ranges of K the batch products split a weight into: `blocks` of its rows, `slices` along K.

@@ -1,6 +1,6 @@
-// How the bf16 batch products (gemm_mma.cu from shared-memory stages, gemm_stream.cu from registers) turn 32
-// quantized values of one weight row -- a unit -- into mma.sync fragments with their scales applied, so that the
-// tensor cores' f32 accumulators carry a whole row (no per-unit scaling of the sums), and the mma itself.
+// How the bf16 batch product (gemm_mma.cu) turns 32 quantized values of one weight row -- a unit -- into mma.sync
+// fragments with their scales applied, so that the tensor cores' f32 accumulators carry a whole row (no per-unit
+// scaling of the sums), and the mma itself.
 //
 // The mma's k order within a unit is permuted so that a lane's fragments are contiguous bytes: lane t (of a
 // row's four) takes values 8t..8t+7 of each unit, the first mma (8t, 8t+2 | 8t+1, 8t+3), the second
