@@ -467,13 +467,15 @@ class Engine:
         judged = bool(spec) and decode_only and self._plain_tok_s is not None  # does this step's speculation pay?
         n_before = sum(r.metrics.generated_tokens for r, _ in batch) if judged else 0
         picked = picked.tolist()
+        block_size = self.pool.block_size
         for i, (r, n) in enumerate(batch):
             k = first[i]
             if i in spec:
                 self._check_draft(r, picked[k:k + n], None if logits is None else logits[k:k + n], step_s)
                 continue
             r.n_kv += n
-            self._written(r)
+            if r.window_blocks is not None or r.n_kv >= (len(r.blocks.hashes) + 1) * block_size:  # (per token)
+                self._written(r)
             if r.n_kv == len(r.all_tokens):
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
