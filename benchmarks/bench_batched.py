@@ -182,6 +182,12 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
                 out = runner.step(*a, **kw)
                 in_steps[0] += time.perf_counter() - t
                 return out
+
+            def step_best(self, *a, **kw):
+                t = time.perf_counter()
+                out = runner.step_best(*a, **kw)
+                in_steps[0] += time.perf_counter() - t
+                return out
         eng._runner = Timed()
         sampling = dict(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1) if temperature else {}
         s0, t0 = eng.steps, time.perf_counter()

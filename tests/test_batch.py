@@ -9,7 +9,7 @@ import pytest
 
 import minfer
 from attention_ref import f16_attention_bound
-from conftest import SYNTHETIC, layout_model, require_cuda, shared_path, synthetic_model
+from conftest import SYNTHETIC, layout_model, nan_logits_model, require_cuda, shared_path, synthetic_model
 from logit_metrics import compare_topk
 from minfer import _minfer
 from minfer.quants import GGMLType as T, dequantize, quantize
@@ -347,6 +347,67 @@ def test_engine_sampling_is_reproducible_and_independent_of_the_batch(tiny_path,
         together = [o.tokens for o in eng.generate_batch(prompts, **params)]
         one_by_one = [eng.submit(p, **params).result().tokens for p in prompts]
     assert together == one_by_one
+
+
+def best_of(rows, k):
+    """Each row's k best by value descending, then id (numpy's lexsort): (values, ids)."""
+    order = np.stack([np.lexsort((np.arange(r.size), -r.astype(np.float64)))[:k] for r in rows])
+    return np.take_along_axis(rows, order, 1), order.astype(np.int32)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_step_best_is_each_rows_best_of_the_step(device, rng):
+    """step_best's values and ids are the k best of step()'s logits for the same step (the step rerun writes the
+    same KV rows), at k = 1, 40 and its most; the tiny model's 152k-token vocabulary."""
+    if device == "cuda":
+        require_cuda()
+    model = _minfer.Model(str(synthetic_model(TINY)))
+    runner = _minfer.BatchRunner(model, n_ctx=128, threads=2, kv_tokens=1024, block_size=16, device=device)
+    lens = [7, 1, 30, 2]
+    seqs = [rng.integers(0, runner.n_vocab, size=n).astype(np.int32) for n in lens]
+    args = (np.concatenate(seqs), np.concatenate([np.arange(n) for n in lens]).astype(np.int32),
+            np.array(lens, np.int32), tables_for(runner, [64] * 4, rng))
+    logits = runner.step(*args).copy()
+    for k in (1, 40, runner.best_max):
+        vals, ids = runner.step_best(*args, k=k)
+        want_vals, want_ids = best_of(logits, k)
+        assert np.array_equal(ids, want_ids) and np.array_equal(vals, want_vals), k
+    for k in (0, runner.best_max + 1, runner.n_vocab):
+        with pytest.raises(minfer.MinferError, match="step_best: k"):
+            runner.step_best(*args, k=k)
+
+
+def test_step_best_on_nan_logits_is_an_error(tmp_path, rng):
+    runner = _minfer.BatchRunner(_minfer.Model(str(nan_logits_model(tmp_path))), n_ctx=64, threads=2, kv_tokens=128,
+                                 block_size=16)
+    with pytest.raises(minfer.MinferError, match="NaN"):
+        runner.step_best(np.array([3], np.int32), np.array([0], np.int32), np.array([1], np.int32),
+                         tables_for(runner, [8], rng), k=40)
+
+
+def test_sampled_steps_read_each_rows_best_and_draw_the_single_streams_tokens(tiny_path, tiny_alone, rng):
+    """Sequences that sample from a top-k take their steps' best logits only (step_best, not step's whole rows),
+    greedy ones among them too, and draw the tokens each draws alone through LLM (which reads whole rows);
+    a sequence without top_k, or with logprobs, makes its steps read whole rows."""
+    prompts = prompts_for(tiny_alone, 4, rng)
+    sampled = dict(max_tokens=12, temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=5)
+    with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4) as eng:
+        runner, calls = eng._runner, {"step": 0, "step_best": 0}
+
+        class Counted:
+            def __getattr__(self, name):
+                if name in calls:
+                    calls[name] += 1
+                return getattr(runner, name)
+        eng._runner = Counted()
+        handles = [eng.submit(p, **sampled) for p in prompts[:3]] + [eng.submit(prompts[3], max_tokens=12)]
+        outs = [h.result() for h in handles]
+        assert calls["step_best"] >= 11 and calls["step"] == 0, calls
+        eng.submit(prompts[0], max_tokens=3, temperature=0.9, seed=1).result()
+        eng.submit(prompts[0], max_tokens=3, temperature=0.9, top_k=40, logprobs=2).result()
+        assert calls["step"] >= 6, calls
+    assert [o.tokens for o in outs[:3]] == [tiny_alone.generate(p, **sampled).tokens for p in prompts[:3]]
+    assert outs[3].tokens == tiny_alone.generate(prompts[3], max_tokens=12).tokens
 
 
 def test_prefix_caching_skips_the_shared_prompt(tiny_path, tiny_alone, rng):

@@ -246,3 +246,51 @@ def test_top_k_over_tied_logits_takes_the_lowest_ids(k):
     ids, _ = distribution(S(len(x), temperature=1.0, top_k=k, seed=1), x)
     want, _ = exact_cut(x, 1.0, top_k=k)
     assert np.array_equal(ids, want)
+
+
+def best_of(row, k):
+    """The k best of a row by value descending, then id (numpy's lexsort, not the sampler's top_k)."""
+    order = np.lexsort((np.arange(len(row)), -row.astype(np.float64)))[:k]
+    return row[order].astype(np.float32), order.astype(np.int32)
+
+
+def test_best_needed_says_which_chains_read_only_the_best():
+    V = 1000
+    assert S(V).best_needed == 1  # greedy: the argmax
+    assert S(V, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05).best_needed == 40
+    for whole in (S(V, temperature=0.8), S(V, temperature=0.8, top_k=V), S(V, temperature=0.8, top_k=40, logit_bias={3: 1.0}),
+                  S(V, temperature=0.8, top_k=40, repeat_penalty=1.1), S(V, temperature=0.8, top_k=40, presence_penalty=0.5),
+                  S(V, logit_bias={3: -1.0}), S(V, frequency_penalty=0.2)):
+        assert whole.best_needed == 0
+
+
+@pytest.mark.parametrize("params", [dict(), dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05),
+                                    dict(temperature=1.3, top_k=5), dict(temperature=0.7, top_k=1),
+                                    dict(temperature=1.0, top_k=200, top_p=0.5), dict(temperature=2.0, top_k=40, min_p=0.2)])
+def test_sample_best_draws_what_the_whole_row_draws(params):
+    """Two samplers with one seed, one given each row whole and one its best only (more of them than it needs:
+    it takes its first top_k), draw the same tokens over rows with ties (rounded logits: the order among equal
+    values is by id), -inf logits and spread ones."""
+    rng = np.random.default_rng(3)
+    V = 5000
+    whole, best = S(V, seed=7, **params), S(V, seed=7, **params)
+    k = best.best_needed
+    assert k == params.get("top_k", 1)
+    for i in range(150):
+        row = (rng.standard_normal(V) * (0.3 if i % 4 == 0 else 3.0)).astype(np.float32)
+        if i % 3 == 0:
+            row = np.round(row)  # thousands of ties
+        if i % 5 == 0:
+            row[rng.integers(0, V, V // 2)] = -np.inf
+        vals, ids = best_of(row, k + 3)
+        assert whole.sample(row) == best.sample_best(vals, ids), i
+
+
+def test_sample_best_refuses_too_few_candidates_and_whole_row_chains():
+    vals, ids = best_of(np.arange(100, dtype=np.float32), 10)
+    with pytest.raises(minfer.MinferError, match="the 40 best"):
+        S(100, temperature=0.8, top_k=40).sample_best(vals, ids)
+    with pytest.raises(minfer.MinferError, match="whole row"):
+        S(100, temperature=0.8).sample_best(vals, ids)
+    with pytest.raises(minfer.MinferError, match="out of range"):
+        S(100).sample_best(vals, np.full(10, 100, np.int32))

@@ -62,6 +62,11 @@ class Backend {
         for (int r = 0; r < rows; r++)
             out[r] = argmax(id, offset + size_t(r) * ld, n, allow ? allow + size_t(r) * ((n + 31) / 32) : nullptr);
     }
+    // The k best of each of `rows` rows of n floats, ld apart, from (id, offset): row r's values into
+    // vals[r * k ..] and their indices into ids[r * k ..], ordered by value descending, then index ascending (the
+    // sampler's top-k order, sampling/scan.h), 0 < k < n.  A NaN among the values is an error.  A sampled batch
+    // step's read-back where each row's sampler needs only its top-k.  Default: read_host, then a scan a row.
+    virtual void top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids);
     // Greedy decode chained on the device, for `steps` steps: step() enqueues one decode step, then the
     // argmax of n floats at (id, offset) is written into the token input (token_id) as the next step's
     // token, the position input (pos_id) advances by one, and the winner goes to out[i]; the host waits

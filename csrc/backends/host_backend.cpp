@@ -29,6 +29,26 @@ int Backend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     return first_argmax(v.data(), int(n));  // the first of equal maxima, as the sampler's greedy
 }
 
+// Row r's k best by top_k (their order), their values beside them; a NaN in the row an error.
+void best_of_row(const float* x, size_t n, int k, float* vals, int32_t* ids) {
+    const int bad = first_nan(x, int(n));
+    if (bad >= 0) throw MinferError(strfmt("top-k: logit %d is NaN (the model produced NaN)", bad));
+    std::vector<int> best;
+    top_k(x, int(n), k, best);
+    for (int i = 0; i < k; i++) {
+        ids[i] = best[size_t(i)];
+        vals[i] = x[best[size_t(i)]];
+    }
+}
+
+void Backend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) {
+    std::vector<float> v(n);
+    for (int r = 0; r < rows; r++) {
+        read_host(id, offset + size_t(r) * ld, v.data(), n);
+        best_of_row(v.data(), n, k, vals + size_t(r) * size_t(k), ids + size_t(r) * size_t(k));
+    }
+}
+
 int HostBackend::alloc_buffer(size_t n) {
     for (size_t i = 0; i < free_.size(); i++)
         if (pool_[size_t(free_[i])].size == n) {

@@ -11,6 +11,9 @@
 
 namespace minfer {
 
+// The k best of the n floats at x (top_k's order), their values beside them; a NaN among them is an error.
+void best_of_row(const float* x, size_t n, int k, float* vals, int32_t* ids);
+
 class HostBackend : public Backend {
   public:
     explicit HostBackend(const WeightStore* weights) : weights_(weights) {}

@@ -161,6 +161,15 @@ void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, c
     pl.argmax_rows(pl.graph().output, out, allow ? allow() : nullptr);
 }
 
+void BatchRunner::step_best(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                            const int32_t* tables, const int32_t* local_tables, int k, float* vals, int32_t* ids) {
+    const int n_vocab = sched_.model().config().n_vocab;
+    if (k < 1 || k >= n_vocab || k > kBestMax)
+        throw MinferError(strfmt("step_best: k = %d (0 < k < %d, the vocabulary, and k <= %d)", k, n_vocab, kBestMax));
+    Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, false);
+    pl.top_k_rows(pl.graph().output, k, vals, ids);
+}
+
 float* BatchRunner::logits_buffer(int rows) {
     if (logits_buf_) {
         if (rows > logits_rows_)

@@ -40,6 +40,12 @@ class BatchRunner {
     // tokens row s of `allow`'s masks permits ([n_seqs] rows of ceil(n_vocab / 32) words).
     void step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                      const int32_t* tables, const int32_t* local_tables, int32_t* out, const Plan::AllowFn& allow = {});
+    // The same step; each sequence's k best logits and their token ids ([n_seqs, k] each, by logit descending,
+    // then id), found where the logits were computed: what a sampler whose chain needs only its top-k reads
+    // (Sampler::best_needed), instead of the whole vocabulary's logits.  0 < k < n_vocab, k <= kBestMax.
+    static constexpr int kBestMax = 256;
+    void step_best(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                   const int32_t* tables, const int32_t* local_tables, int k, float* vals, int32_t* ids);
     // Where step() writes logits fastest: [rows, n_vocab] floats the output's backend reads into directly (pinned
     // host memory on CUDA, where a fresh destination costs a staging copy and its page faults), kept for the
     // runner's lifetime; allocated at the first call, later calls for no more rows return it again.

@@ -185,6 +185,12 @@ void Plan::argmax_rows(int node, int32_t* out, const uint32_t* allow) {
     backend(n.backend)->argmax_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), out, allow);
 }
 
+void Plan::top_k_rows(int node, int k, float* vals, int32_t* ids) {
+    const Node& n = graph_.nodes.at(size_t(node));
+    if (k < 1 || k >= n.cols) throw MinferError(strfmt("top-k: k = %d for rows of %lld values (0 < k < n)", k, (long long)n.cols));
+    backend(n.backend)->top_k_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), k, vals, ids);
+}
+
 int Plan::argmax_row(int node, int row, const uint32_t* allow) {
     const Node& n = graph_.nodes.at(size_t(node));
     if (row < 0 || row >= n.rows) throw MinferError(strfmt("argmax_row: row %d of %d", row, n.rows));

@@ -105,8 +105,27 @@ void bind_batch(py::module_& m) {
            py::arg("local_tables") = py::none(), py::arg("allow") = py::none(),
            "the same step; returns each sequence's argmax token, among those its row of `allow` permits ([n_seqs, "
            "words] token bitmasks, or a callable returning them, called while the step runs)")
+        .def("step_best", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array seq_lens, I32Array tables,
+                             const py::object& local_tables, int k) {
+            StepArgs a = step_args(b, tokens, positions, seq_lens, tables, local_tables);
+            py::array_t<float> vals({py::ssize_t(a.n_seqs), py::ssize_t(k > 0 ? k : 0)});
+            py::array_t<int32_t> ids({py::ssize_t(a.n_seqs), py::ssize_t(k > 0 ? k : 0)});
+            float* v = vals.mutable_data();
+            int32_t* t = ids.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                b.step_best(a.tokens.data(), a.positions.data(), a.seq_lens.data(), a.n_seqs, a.tables.data(),
+                            a.local_tables(), k, v, t);
+            }
+            return py::make_tuple(vals, ids);
+        }, py::arg("tokens"), py::arg("positions"), py::arg("seq_lens"), py::arg("tables"),
+           py::arg("local_tables") = py::none(), py::arg("k") = 40,
+           "the same step; returns (values, ids), [n_seqs, k] each: each sequence's k best logits by value "
+           "descending, then id, found where the logits were computed (0 < k < n_vocab)")
         .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"), py::arg("local") = false,
              "copies a block's KV rows in every layer of its pool (copy-on-write): local, the sliding-window layers' own")
+        .def_property_readonly_static("best_max", [](py::object) { return BatchRunner::kBestMax; },
+                                      "the most best logits a row step_best returns")
         .def_property_readonly("n_local_blocks", &BatchRunner::n_local_blocks)
         .def_property_readonly("n_blocks", &BatchRunner::n_blocks)
         .def_property_readonly("block_size", &BatchRunner::block_size)

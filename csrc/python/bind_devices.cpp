@@ -72,6 +72,24 @@ void bind_devices(py::module_& m) {
     }, py::arg("x"), py::arg("reps") = 1,
        "(winners, nan): the device argmax of x (greedy decoding's: the first index on ties) run `reps` times back "
        "to back, each run's winner, and whether a NaN was flagged");
+
+    m.def("cuda_top_k", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int k, int iters) {
+        if (x.ndim() != 2) throw py::value_error("x must be [rows, n]");
+        const int rows = int(x.shape(0)), n = int(x.shape(1));
+        py::array_t<float> vals({py::ssize_t(rows), py::ssize_t(std::max(k, 0))});
+        py::array_t<int32_t> ids({py::ssize_t(rows), py::ssize_t(std::max(k, 0))});
+        bool nan = false;
+        double sec = 0.0;
+        float* v = vals.mutable_data();
+        int32_t* t = ids.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            cuda_top_k(x.data(), n, rows, k, v, t, &nan, iters, &sec);
+        }
+        return py::make_tuple(vals, ids, nan, sec);
+    }, py::arg("x"), py::arg("k"), py::arg("iters") = 0,
+       "(values, ids, nan, seconds per call): each row's k best by value descending, then id, on the GPU (a "
+       "sampled batch step's read-back); timed over `iters` calls when > 0");
 }
 
 }  // namespace minfer

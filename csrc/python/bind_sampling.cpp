@@ -89,6 +89,15 @@ void bind_sampling(py::module_& m) {
         }, py::arg("logits"), py::arg("draft"), py::arg("q") = nullptr, py::arg("allow") = py::none(),
            "speculative sampling: `draft` if kept, else the token drawn in its place; q=None: the draft was "
            "proposed deterministically (prompt lookup)")
+        .def_property_readonly("best_needed", &Sampler::best_needed,
+             "how many of a row's best logits the token depends on: 1 greedy, top_k for a plain top-k chain, 0 the whole row")
+        .def("sample_best", [](Sampler& s, py::array_t<float, py::array::c_style | py::array::forcecast> vals,
+                               py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+            if (vals.ndim() != 1 || ids.ndim() != 1 || vals.size() != ids.size())
+                throw py::value_error("sample_best: values and ids must be 1-D, of one length");
+            return s.sample_best(vals.data(), ids.data(), int(vals.size()));
+        }, py::arg("vals"), py::arg("ids"),
+           "sample() from a row's k best logits (by value descending, then id) and their token ids: the same token")
         .def("accept", &Sampler::accept, py::arg("token"), "record a generated token (penalty window)")
         .def("reset", &Sampler::reset)
         .def_property_readonly("greedy", &Sampler::greedy,
@@ -98,6 +107,24 @@ void bind_sampling(py::module_& m) {
         return py::make_tuple(t.id, t.prob);
     }, py::arg("logits"), py::arg("p_min") = 0.0,
        "(argmax, its softmax probability): how sure a greedy draft is; exact where >= p_min, else below p_min");
+    m.def("sample_best_rows", [](const std::vector<Sampler*>& samplers,
+                                 py::array_t<float, py::array::c_style | py::array::forcecast> vals,
+                                 py::array_t<int32_t, py::array::c_style | py::array::forcecast> ids) {
+        // A few dozen candidates a row: one thread (a team's start costs more than the rows).
+        const size_t n = samplers.size();
+        if (vals.ndim() != 2 || ids.ndim() != 2 || size_t(vals.shape(0)) != n || ids.shape(0) != vals.shape(0) ||
+            ids.shape(1) != vals.shape(1))
+            throw py::value_error("sample_best_rows: values and ids must be [len(samplers), k] each");
+        const int k = int(vals.shape(1));
+        py::array_t<int32_t> out(py::ssize_t{py::ssize_t(n)});
+        int32_t* o = out.mutable_data();
+        for (size_t i = 0; i < n; i++) {
+            if (!samplers[i]) throw py::value_error("sample_best_rows: a sampler is None");
+            o[i] = samplers[i]->sample_best(vals.data() + i * size_t(k), ids.data() + i * size_t(k), k);
+        }
+        return out;
+    }, py::arg("samplers"), py::arg("vals"), py::arg("ids"),
+       "each row's next token by its own sampler from the row's k best logits and ids (BatchRunner.step_best)");
     m.def("sample_rows", [](const std::vector<Sampler*>& samplers,
                             py::array_t<float, py::array::c_style | py::array::forcecast> logits, const py::object& allow) {
         // Row i by samplers[i], the rows spread over threads (each sampler is its own state: the same tokens

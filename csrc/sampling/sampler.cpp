@@ -108,24 +108,17 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     if (p_.temperature == 0.0f) return one(argmax(x));  // greedy: the first maximum
     // Candidates: every token in id order, or the top-k by logit (descending, then id), the best first.
     const size_t k = p_.top_k > 0 ? std::min(size_t(p_.top_k), n) : n;
-    if (k < n) top_k(x, n_vocab, int(k), ids_);
-    best_ = k < n ? ids_[0] : first_argmax(x, n_vocab);
+    if (k < n) {
+        top_k(x, n_vocab, int(k), ids_);
+        best_vals_.resize(k);
+        for (size_t i = 0; i < k; i++) best_vals_[i] = x[ids_[i]];
+        return weigh_best(best_vals_.data());
+    }
+    best_ = first_argmax(x, n_vocab);
     const float mx = x[best_];
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     const float inv_t = 1.0f / p_.temperature;
     const bool cut = p_.top_p < 1.0f || p_.min_p > 0.0f;
-    if (k < n) {
-        for (int t : ids_) wt_[size_t(t)] = exp_nonpositive((x[t] - mx) * inv_t);
-        double sum = 0.0;
-        for (int t : ids_) sum += double(wt_[size_t(t)]);
-        if (cut) {
-            cut_prefix(sum, true);  // the top k are every candidate: the cut lies among them
-        } else {
-            keep_ = k;
-            total_ = sum;
-        }
-        return;
-    }
     softmax_weights(x, n_vocab, mx, inv_t, wt_.data());
     const double sum = block_sums(wt_.data(), n_vocab, blocks_);
     if (!cut) {
@@ -156,6 +149,45 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
         std::sort(ids_.begin(), ids_.end(), ByLogit{x});
         if (cut_prefix(sum, every || min_p_done)) return;
     }
+}
+
+void Sampler::weigh_best(const float* vals) {
+    best_ = ids_[0];
+    const float mx = vals[0];
+    if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
+    const float inv_t = 1.0f / p_.temperature;
+    for (size_t i = 0; i < ids_.size(); i++) wt_[size_t(ids_[i])] = exp_nonpositive((vals[i] - mx) * inv_t);
+    double sum = 0.0;
+    for (int t : ids_) sum += double(wt_[size_t(t)]);
+    if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
+        cut_prefix(sum, true);  // the top k are every candidate: the cut lies among them
+    } else {
+        keep_ = ids_.size();
+        total_ = sum;
+    }
+}
+
+int Sampler::best_needed() const {
+    if (greedy()) return 1;
+    const bool plain = p_.logit_bias.empty() && p_.repeat_penalty == 1.0f && p_.presence_penalty == 0.0f &&
+                       p_.frequency_penalty == 0.0f;
+    return plain && p_.top_k > 0 && p_.top_k < n_vocab_ ? p_.top_k : 0;
+}
+
+int Sampler::sample_best(const float* vals, const int32_t* ids, int k) {
+    const int need = best_needed();
+    if (need == 0 || need > k)
+        throw MinferError(strfmt("sampler: its chain needs %s, not the %d best logits", need ? strfmt("the %d best", need).c_str()
+                                 : "the whole row (no top-k, a bias or a penalty)", k));
+    for (int i = 0; i < need; i++)
+        if (ids[i] < 0 || ids[i] >= n_vocab_)
+            throw MinferError(strfmt("sampler: candidate token %d is out of range [0, %d)", ids[i], n_vocab_));
+    if (p_.temperature == 0.0f) return ids[0];  // the argmax (the lowest id of equal maxima)
+    wt_.resize(size_t(n_vocab_));
+    all_ = false;
+    ids_.assign(ids, ids + need);
+    weigh_best(vals);
+    return draw();
 }
 
 void Sampler::cut_unsorted(const float* x, float mx, float inv_t, float span, double sum) {

@@ -64,6 +64,13 @@ class Sampler {
     // Speculative sampling: `draft` was proposed from q (nullptr: proposed deterministically, q a point
     // mass at it).  Returns `draft` if kept, else the token drawn in its place (never `draft`).
     int verify(const float* logits, int n_vocab, int draft, const Distribution* q, const uint32_t* allow = nullptr);
+    // How many of a row's best logits the chain's token depends on: 1 where it is greedy (), top_k where it
+    // samples from a top-k with no bias or penalty; 0 where it needs the whole row.  Then a batch step may find
+    // each row's best where the logits are and send those alone (BatchRunner::step_best).
+    int best_needed() const;
+    // sample() from the k best logits of a row, ordered by logit descending, then id (vals[i] the logit of
+    // ids[i]): the same token as sample() over the whole row.  An error unless 0 < best_needed() <= k.
+    int sample_best(const float* vals, const int32_t* ids, int k);
     void accept(int token);
     void reset();  // history and generator back to the start
     const SamplerParams& params() const { return p_; }
@@ -82,6 +89,8 @@ class Sampler {
     // The top-p / min-p cut over ids_ (sorted by logit) at total mass `sum`: keep_ and total_ set, or false where
     // the cut lies past ids_ and they are not every candidate (`complete`).
     bool cut_prefix(double sum, bool complete);
+    // The chain past top-k: ids_ the k best tokens in order, vals their logits.
+    void weigh_best(const float* vals);
     // The cut over more candidates than kSortedCut (ids_, in id order, holding it; within `span` temperatures of
     // the best logit mx) without sorting them all.
     static constexpr size_t kSortedCut = 2048;
@@ -104,6 +113,7 @@ class Sampler {
     std::vector<double> bucket_mass_;  // cut_unsorted's
     std::vector<int> ring_;
     std::vector<int> ids_;
+    std::vector<float> best_vals_;  // the logits of ids_ (top-k)
 };
 
 }  // namespace minfer

@@ -407,11 +407,13 @@ class Engine:
         spec = set()  # batch indices of sequences with a draft
         constrained = []  # (matcher, row) of the rows that sample under a constraint
         greedy = decode_only = True  # every sampling row greedy without logprobs; every sequence decoding
+        best = 0  # the most best logits a sampling row needs, while each needs no more (-1: one needs its row)
         for i, (r, n) in enumerate(batch):
             first.append(len(owner))
             if r.decoding or r.n_kv + n == len(r.all_tokens):
                 rows.append(len(owner))
                 greedy = greedy and r.greedy and r.logprobs is None
+                best = max(best, r.best_k) if best >= 0 and r.best_k > 0 else -1
                 if r.matcher is not None:
                     constrained.append((r.matcher, len(owner)))
             decode_only = decode_only and r.decoding
@@ -443,6 +445,12 @@ class Engine:
         t0 = time.perf_counter()
         if greedy:
             picked = runner.step_greedy(*args, allow=masks)  # the masks are computed while the step runs
+        elif 0 < best <= runner.best_max and not spec:  # each row's top-k crosses, not its whole vocabulary
+            vals, ids = runner.step_best(*args, k=best)
+            picked = np.zeros(len(owner), np.int32)
+            every = len(rows) == len(owner)
+            picked[rows] = _minfer.sample_best_rows([batch[owner[k]][0].sampler for k in rows],
+                                                    vals if every else vals[rows], ids if every else ids[rows])
         else:
             if self._logits is None:
                 self._logits = runner.logits_buffer(self.max_sequences)

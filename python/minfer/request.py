@@ -40,6 +40,8 @@ class Request:
         self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
         self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
         self.greedy = sampler.greedy  # argmax, no penalty history to keep (asked once, not every step)
+        # how many of a step's best logits its token needs (0: the whole row; logprobs read the whole row)
+        self.best_k = sampler.best_needed if logprobs is None and matcher is None else 0
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
         self.error: BaseException | None = None

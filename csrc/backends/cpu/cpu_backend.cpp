@@ -12,6 +12,15 @@ namespace minfer {
 CpuBackend::CpuBackend(const WeightStore* weights, std::shared_ptr<ThreadPool> pool, Isa isa)
     : HostBackend(weights), pool_(std::move(pool)), kernels_(&dot_kernels(isa)) {}
 
+void CpuBackend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) {
+    const float* x = ptr(id) + offset;
+    if (offset + (rows > 0 ? size_t(rows - 1) * ld + n : 0) > buffer_size(id))
+        throw MinferError(strfmt("top-k: %d rows of %zu past the end of buffer %d", rows, n, id));
+    pool_->parallel_for(rows, [&](int64_t r, int) {
+        best_of_row(x + size_t(r) * ld, n, k, vals + size_t(r) * size_t(k), ids + size_t(r) * size_t(k));
+    });
+}
+
 bool CpuBackend::supports_op(const Node& node) const {
     if (node.op == Op::MatMul || node.op == Op::GetRows) {
         const Weight* w = weights_ && weights_->has(node.meta.weight) ? &weights_->get(node.meta.weight) : nullptr;

@@ -42,5 +42,9 @@ double cuda_copy_bandwidth(size_t bytes, int iters);
 // The device argmax (greedy decoding's) of x[0..n), run `reps` times back to back: each run's winner, and
 // whether a run flagged a NaN among the values.
 std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan);
+// The device top-k (a sampled batch step's) of `rows` rows of n floats: vals / ids [rows, k], and whether a NaN
+// was flagged; with iters > 0 the call is then timed that many times.
+void cuda_top_k(const float* x, int n, int rows, int k, float* vals, int32_t* ids, bool* nan, int iters = 0,
+                double* seconds_per_call = nullptr);
 
 }  // namespace minfer

@@ -121,6 +121,8 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(host_buf_);
     cudaFreeHost(allow_host_);
     cudaFree(allow_dev_);
+    cudaFreeHost(top_host_);
+    cudaFree(top_part_);
     cudaEventDestroy(done_);
     cudaStreamDestroy(stream_);
 }
@@ -321,6 +323,32 @@ void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t 
         synchronize();
         std::memcpy(out + r0, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
     }
+}
+
+// The winners land in host-mapped memory (k values and ids a row), read after one wait.
+void CudaBackend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) {
+    usable();
+    if (rows < 1) return;
+    if (offset + size_t(rows - 1) * ld + n > buffer_size(id))
+        throw MinferError(strfmt("CUDA top-k: %d rows of %zu past the end of buffer %d", rows, n, id));
+    const size_t out = size_t(rows) * size_t(k), bytes = out * 8, part = cuda::top_k_scratch_bytes(int(n), rows, k);
+    if (bytes > top_bytes_ || part > top_part_bytes_) {
+        synchronize();  // nothing in flight writes them
+        cudaFreeHost(top_host_);
+        cudaFree(top_part_);
+        top_host_ = top_dev_ = top_part_ = nullptr;
+        top_bytes_ = top_part_bytes_ = 0;
+        check(cudaHostAlloc(&top_host_, bytes, cudaHostAllocMapped), "allocating the top-k results");
+        check(cudaHostGetDevicePointer(&top_dev_, top_host_, 0), "mapping the top-k results");
+        top_bytes_ = bytes;
+        if (part) top_part_ = device_alloc(part, "the top-k scratch");
+        top_part_bytes_ = part;
+    }
+    cuda::top_k_rows((const float*)raw(id) + offset, int64_t(ld), int(n), rows, k, (float*)top_dev_,
+                     (int32_t*)((float*)top_dev_ + out), top_part_, err_dev_, stream_);
+    synchronize();
+    std::memcpy(vals, top_host_, out * 4);
+    std::memcpy(ids, (const float*)top_host_ + out, out * 4);
 }
 
 // The steps follow each other with no host write between them: the step's first kernel (the embedding

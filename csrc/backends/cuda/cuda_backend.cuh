@@ -96,6 +96,7 @@ class CudaBackend : public Backend {
     int argmax(int id, size_t offset, size_t n, const uint32_t* allow = nullptr) override;
     void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
                      const uint32_t* allow = nullptr) override;
+    void top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) override;
     bool chains() const override { return true; }
     bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
                       int pos_id, int32_t* out) override;
@@ -149,6 +150,11 @@ class CudaBackend : public Backend {
     size_t staging_floats_ = 0;
     float* host_buf_ = nullptr;  // pinned, handed out by host_buffer(): read_host copies into it directly
     size_t host_buf_floats_ = 0;
+    void* top_host_ = nullptr;  // host-mapped: top_k_rows's values, then its ids
+    void* top_dev_ = nullptr;
+    size_t top_bytes_ = 0;
+    void* top_part_ = nullptr;  // top_k_rows's first-pass winners
+    size_t top_part_bytes_ = 0;
     uint32_t* allow_host_ = nullptr;  // pinned: the masks of the argmax in flight (upload_allow)
     uint32_t* allow_dev_ = nullptr;
     size_t allow_words_ = 0;

@@ -169,4 +169,33 @@ std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan) {
     return won;
 }
 
+void cuda_top_k(const float* x, int n, int rows, int k, float* vals, int32_t* ids, bool* nan, int iters,
+                double* seconds_per_call) {
+    if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
+    if (n < 1 || rows < 1) throw MinferError(strfmt("cuda_top_k: %d rows of %d values (at least 1 of each)", rows, n));
+    Waits waits;
+    const size_t out = size_t(rows) * size_t(std::max(k, 0));
+    DevMem dx(size_t(n) * size_t(rows) * 4, waits), dv(out * 4 + 4, waits), di(out * 4 + 4, waits), err(4, waits),
+        part(cuda::top_k_scratch_bytes(n, rows, std::max(k, 1)) + 4, waits);
+    cudaStream_t s = nullptr;
+    check(cudaMemcpyAsync(dx.p, x, size_t(n) * size_t(rows) * 4, cudaMemcpyHostToDevice, s), "uploading");
+    check(cudaMemsetAsync(err.p, 0, 4, s), "zeroing the error word");
+    auto run = [&] { cuda::top_k_rows((const float*)dx.p, n, n, rows, k, (float*)dv.p, (int32_t*)di.p, part.p, (uint32_t*)err.p, s); };
+    run();
+    Timer t;
+    check(cudaEventRecord(t.b, s), "recording an event");
+    waits.on(t.b, "running the top-k");
+    check(cudaMemcpy(vals, dv.p, out * 4, cudaMemcpyDeviceToHost), "reading back");
+    check(cudaMemcpy(ids, di.p, out * 4, cudaMemcpyDeviceToHost), "reading back");
+    uint32_t e = 0;
+    check(cudaMemcpy(&e, err.p, 4, cudaMemcpyDeviceToHost), "reading back");
+    *nan = (e & cuda::kNanLogit) != 0;
+    if (iters > 0 && seconds_per_call) {
+        cudaEventRecord(t.a, s);
+        for (int i = 0; i < iters; i++) run();
+        cudaEventRecord(t.b, s);
+        *seconds_per_call = t.seconds(waits) / iters;
+    }
+}
+
 }  // namespace minfer

@@ -203,6 +203,13 @@ struct ArgmaxFeed {
 // or constrained decoding's bitmask of the indices that may win (bit i of allow[i / 32]).
 void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {},
             const uint32_t* allow = nullptr);
+// Each of `rows` rows of n floats (ld apart)'s k best values and their indices, into vals / ids [rows, k] (device
+// or host-mapped memory), ordered by value descending, then index ascending (the sampler's top_k); 0 < k < n,
+// k <= kTopKMax.  A NaN sets kNanLogit in *err and is never chosen.  scratch: top_k_scratch_bytes of device memory.
+constexpr int kTopKMax = 256;
+size_t top_k_scratch_bytes(int n, int rows, int k);
+void top_k_rows(const float* x, int64_t ld, int n, int rows, int k, float* vals, int32_t* ids, void* scratch,
+                uint32_t* err, cudaStream_t s);
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s);
 // y row r = x row idx[r] (PickRows: each sequence's last row of a batch step); idx checked against x_rows.
 void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, float* y, int64_t ldy, int rows, int cols,
