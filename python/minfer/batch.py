@@ -553,7 +553,7 @@ class Engine:
         if tok in r.eog:
             reason = "stop"
         else:
-            if not r.greedy:
+            if r.keeps_history:
                 r.sampler.accept(tok)
             r.tokens.append(tok)
             r.all_tokens.append(tok)
