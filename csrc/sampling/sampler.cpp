@@ -62,11 +62,11 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     const int bad = first_nan(logits, n_vocab);
     if (bad >= 0) throw MinferError(strfmt("sampler: logit %d is NaN (the model produced NaN)", bad));
     const size_t n = size_t(n_vocab);
-    wt_.resize(n);
-    all_ = false;
+    all_ = by_rank_ = false;
     auto one = [&](int t) {  // greedy: the only candidate
         ids_.assign(1, t);
-        wt_[size_t(t)] = 1.0f;
+        rank_wt_.assign(1, 1.0f);
+        by_rank_ = true;
         total_ = 1.0;
         keep_ = 1;
     };
@@ -119,6 +119,7 @@ void Sampler::prepare(const float* logits, int n_vocab, const uint32_t* allow) {
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     const float inv_t = 1.0f / p_.temperature;
     const bool cut = p_.top_p < 1.0f || p_.min_p > 0.0f;
+    wt_.resize(n);  // (only here: a top-k's weights are by rank, not a vocabulary's worth a sampler)
     softmax_weights(x, n_vocab, mx, inv_t, wt_.data());
     const double sum = block_sums(wt_.data(), n_vocab, blocks_);
     if (!cut) {
@@ -156,9 +157,11 @@ void Sampler::weigh_best(const float* vals) {
     const float mx = vals[0];
     if (!std::isfinite(mx)) throw MinferError("sampler: every candidate logit is -inf (logit_bias removed them all?)");
     const float inv_t = 1.0f / p_.temperature;
-    for (size_t i = 0; i < ids_.size(); i++) wt_[size_t(ids_[i])] = exp_nonpositive((vals[i] - mx) * inv_t);
+    rank_wt_.resize(ids_.size());
+    for (size_t i = 0; i < ids_.size(); i++) rank_wt_[i] = exp_nonpositive((vals[i] - mx) * inv_t);
+    by_rank_ = true;
     double sum = 0.0;
-    for (int t : ids_) sum += double(wt_[size_t(t)]);
+    for (float w : rank_wt_) sum += double(w);
     if (p_.top_p < 1.0f || p_.min_p > 0.0f) {
         cut_prefix(sum, true);  // the top k are every candidate: the cut lies among them
     } else {
@@ -183,7 +186,6 @@ int Sampler::sample_best(const float* vals, const int32_t* ids, int k) {
         if (ids[i] < 0 || ids[i] >= n_vocab_)
             throw MinferError(strfmt("sampler: candidate token %d is out of range [0, %d)", ids[i], n_vocab_));
     if (p_.temperature == 0.0f) return ids[0];  // the argmax (the lowest id of equal maxima)
-    wt_.resize(size_t(n_vocab_));
     all_ = false;
     ids_.assign(ids, ids + need);
     weigh_best(vals);
@@ -245,7 +247,7 @@ bool Sampler::cut_prefix(double sum, bool complete) {
     size_t i = 0;
     const size_t m = ids_.size();
     for (; i < m; i++) {
-        const double w = double(wt_[size_t(ids_[i])]);
+        const double w = double(weight(i));
         if (p_.min_p > 0.0f && i > 0 && w < double(p_.min_p)) break;
         cum += w;
         if (p_.top_p < 1.0f && cum >= double(p_.top_p) * sum) {
@@ -256,7 +258,7 @@ bool Sampler::cut_prefix(double sum, bool complete) {
     if (i == m && !complete) return false;  // the cut lies past these candidates
     keep_ = std::max<size_t>(i, 1);
     total_ = 0.0;
-    for (size_t j = 0; j < keep_; j++) total_ += double(wt_[size_t(ids_[j])]);
+    for (size_t j = 0; j < keep_; j++) total_ += double(weight(j));
     return true;
 }
 
@@ -284,11 +286,11 @@ int Sampler::draw() {
         return best_;
     }
     for (size_t i = 0; i < keep_; i++) {
-        r -= double(wt_[size_t(candidate(i))]);
+        r -= double(weight(i));
         if (r < 0) return candidate(i);
     }
     for (size_t i = keep_; i-- > 0;)  // rounding left r >= 0: the last candidate with mass (never a masked one)
-        if (wt_[size_t(candidate(i))] > 0.0f) return candidate(i);
+        if (weight(i) > 0.0f) return candidate(i);
     return candidate(keep_ - 1);
 }
 
@@ -320,7 +322,7 @@ int Sampler::sample(const float* logits, int n_vocab, Distribution& drawn_from, 
     drawn_from.probs.resize(keep_);
     for (size_t i = 0; i < keep_; i++) {
         drawn_from.ids[i] = candidate(i);
-        drawn_from.probs[i] = double(wt_[size_t(candidate(i))]) / total_;
+        drawn_from.probs[i] = double(weight(i)) / total_;
     }
     return draw();
 }
@@ -354,7 +356,7 @@ int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribut
     }
     double px = 0.0;  // p(draft): its weight if the chain kept it
     for (size_t i = 0; i < keep_; i++)
-        if (candidate(i) == draft) px = double(wt_[size_t(draft)]) / total_;
+        if (candidate(i) == draft) px = double(weight(i)) / total_;
     if (uniform() * qx < px) {  // kept with probability min(1, px / qx)
         clear();
         return draft;
@@ -363,19 +365,19 @@ int Sampler::verify(const float* logits, int n_vocab, int draft, const Distribut
     double rest = 0.0;
     for (size_t i = 0; i < keep_; i++) {
         const int t = candidate(i);
-        rest += std::max(0.0, double(wt_[size_t(t)]) / total_ - q_dense_[size_t(t)]);
+        rest += std::max(0.0, double(weight(i)) / total_ - q_dense_[size_t(t)]);
     }
     int out = -1;
     if (rest > 0.0) {
         double r = uniform() * rest;
         for (size_t i = 0; i < keep_ && out < 0; i++) {
             const int t = candidate(i);
-            const double w = std::max(0.0, double(wt_[size_t(t)]) / total_ - q_dense_[size_t(t)]);
+            const double w = std::max(0.0, double(weight(i)) / total_ - q_dense_[size_t(t)]);
             r -= w;
             if (r < 0 && w > 0.0) out = t;
         }
         for (size_t i = keep_; out < 0 && i-- > 0;)  // rounding left r >= 0: the last token with residual mass
-            if (candidate(i) != draft && double(wt_[size_t(candidate(i))]) / total_ > q_dense_[size_t(candidate(i))])
+            if (candidate(i) != draft && double(weight(i)) / total_ > q_dense_[size_t(candidate(i))])
                 out = candidate(i);
     }
     clear();

@@ -97,6 +97,7 @@ class Sampler {
     void cut_unsorted(const float* x, float mx, float inv_t, float span, double sum);
     int draw();
     int candidate(size_t i) const { return all_ ? int(i) : ids_[i]; }
+    float weight(size_t i) const { return by_rank_ ? rank_wt_[i] : wt_[size_t(candidate(i))]; }  // candidate i's
     size_t keep_ = 0;
     bool all_ = false;  // every token a candidate, in id order (ids_ unused)
     int best_ = 0;      // the argmax: a draw's last resort
@@ -107,7 +108,9 @@ class Sampler {
     std::deque<int> history_;
     uint64_t state_;
     std::vector<float> work_;
-    std::vector<float> wt_;       // each candidate's unnormalized probability, by token id
+    std::vector<float> wt_;       // each candidate's unnormalized probability, by token id (a whole-row chain)
+    std::vector<float> rank_wt_;  // ... by rank, where by_rank_ (a top-k chain, greedy: what ids_ holds)
+    bool by_rank_ = false;
     std::vector<double> blocks_;  // with all_: wt_'s block sums (weights.h)
     std::vector<float> maxes_;    // the logits' block maxima (weights.h)
     std::vector<double> bucket_mass_;  // cut_unsorted's
