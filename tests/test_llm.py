@@ -8,6 +8,7 @@ import pytest
 import minfer
 from conftest import real_model, synthetic_model
 from minfer import engine
+from minfer.generation import make_sampler
 
 
 @pytest.fixture(scope="module")
@@ -71,6 +72,43 @@ def test_greedy_chain_path_matches_the_sampler_path(tiny, monkeypatch):
     tiny.generate(ids, max_tokens=8, repeat_penalty=1.1)
     tiny.generate(ids, max_tokens=8, logit_bias={5: 1.0})
     assert proxy.chain_calls == n
+
+
+class _CountingEvals:
+    """A Session that counts its eval and eval_best calls (everything else forwarded)."""
+
+    def __init__(self, sess):
+        self._sess, self.calls = sess, {"eval": 0, "eval_best": 0}
+
+    def __getattr__(self, name):
+        if name in self.calls:
+            self.calls[name] += 1
+        return getattr(self._sess, name)
+
+
+def test_top_k_sampling_reads_the_best_and_draws_the_whole_rows_tokens(tiny, monkeypatch):
+    """A top-k chain's steps take Session.eval_best (k values and ids back, not the vocabulary's logits) and
+    draw the tokens its sampler draws from whole rows (Session.eval, Sampler.sample, the same seed); a chain
+    with no top-k reads whole rows."""
+    ids = tiny.tokenize("Once upon a time")
+    params = dict(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=3)
+    proxy = _CountingEvals(tiny._live())
+    monkeypatch.setattr(tiny, "_session", proxy)
+    out = tiny.generate(ids, max_tokens=16, **params)
+    assert proxy.calls["eval_best"] >= 1 and proxy.calls["eval"] == 0, proxy.calls
+    sess = engine.session(tiny.path, n_ctx=256, threads=2)
+    sampler = make_sampler(tiny.n_vocab, params, ids)
+    logits, pos, expected = sess.eval(np.array(ids, np.int32), 0), len(ids), []
+    while len(expected) < 16:
+        tok = sampler.sample(logits[-1])
+        if tok in tiny.tokenizer.special.eog:
+            break
+        sampler.accept(tok)
+        expected.append(tok)
+        logits, pos = sess.eval(np.array([tok], np.int32), pos), pos + 1
+    assert out.tokens == expected
+    tiny.generate(ids, max_tokens=4, temperature=0.9, seed=3)
+    assert proxy.calls["eval"] >= 1
 
 
 def test_sampler_greedy_flag():

@@ -43,7 +43,7 @@ class BatchRunner {
     // The same step; each sequence's k best logits and their token ids ([n_seqs, k] each, by logit descending,
     // then id), found where the logits were computed: what a sampler whose chain needs only its top-k reads
     // (Sampler::best_needed), instead of the whole vocabulary's logits.  0 < k < n_vocab, k <= kBestMax.
-    static constexpr int kBestMax = 256;
+    static constexpr int kBestMax = Plan::kTopKMax;
     void step_best(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                    const int32_t* tables, const int32_t* local_tables, int k, float* vals, int32_t* ids);
     // Where step() writes logits fastest: [rows, n_vocab] floats the output's backend reads into directly (pinned

@@ -89,6 +89,16 @@ int Session::eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan
     return pl.argmax_last_row(pl.graph().output, allow ? allow() : nullptr);
 }
 
+void Session::eval_best(const int32_t* tokens, int n, int start_pos, int k, float* vals, int32_t* ids) {
+    sched_.check_step(tokens, n, start_pos);
+    check_rewind(start_pos);
+    const int step = max_step(n);
+    int i = 0;
+    for (; n - i > step; i += step) run_step(tokens + i, step, start_pos + i, false);
+    Plan& pl = run_step(tokens + i, n - i, start_pos + i, false, false);  // the top-k waits for the step itself
+    pl.top_k_rows(pl.graph().output, k, vals, ids, pl.graph().nodes[size_t(pl.graph().output)].rows - 1, 1);
+}
+
 void Session::decode_greedy(int token, int start_pos, int steps, int32_t* out) {
     if (steps <= 0) throw MinferError(strfmt("decode_greedy: %d steps (at least one)", steps));
     sched_.check_step(&token, 1, start_pos);

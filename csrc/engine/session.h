@@ -28,6 +28,9 @@ class Session {
     // The same step, returning only the most likely next token (argmax of the
     // last position's logits, found on the device that computed them), among the tokens `allow` permits.
     int eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan::AllowFn& allow = {});
+    // The same step; the last position's k best logits and their token ids (by logit descending, then id), found
+    // where the logits are (only they are read back): what a top-k sampler needs (Sampler::best_needed).
+    void eval_best(const int32_t* tokens, int n, int start_pos, int k, float* vals, int32_t* ids);
     // `steps` greedy one-token steps from `token` at start_pos (Scheduler::greedy_chain).
     void decode_greedy(int token, int start_pos, int steps, int32_t* out);
 

@@ -185,10 +185,15 @@ void Plan::argmax_rows(int node, int32_t* out, const uint32_t* allow) {
     backend(n.backend)->argmax_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), out, allow);
 }
 
-void Plan::top_k_rows(int node, int k, float* vals, int32_t* ids) {
+void Plan::top_k_rows(int node, int k, float* vals, int32_t* ids, int first, int rows) {
     const Node& n = graph_.nodes.at(size_t(node));
-    if (k < 1 || k >= n.cols) throw MinferError(strfmt("top-k: k = %d for rows of %lld values (0 < k < n)", k, (long long)n.cols));
-    backend(n.backend)->top_k_rows(buf_[size_t(node)], 0, size_t(n.cols), n.rows, size_t(n.cols), k, vals, ids);
+    if (k < 1 || k >= n.cols || k > kTopKMax)
+        throw MinferError(strfmt("top-k: k = %d for rows of %lld values (0 < k < n, k <= %d)", k, (long long)n.cols, kTopKMax));
+    if (rows < 0) rows = n.rows - first;
+    if (first < 0 || rows < 1 || first + rows > n.rows)
+        throw MinferError(strfmt("top-k: rows [%d, %d) of %d", first, first + rows, n.rows));
+    backend(n.backend)->top_k_rows(buf_[size_t(node)], size_t(first) * size_t(n.cols), size_t(n.cols), rows,
+                                   size_t(n.cols), k, vals, ids);
 }
 
 int Plan::argmax_row(int node, int row, const uint32_t* allow) {

@@ -66,8 +66,11 @@ class Plan {
     int argmax_last_row(int node, const uint32_t* allow = nullptr);
     int argmax_row(int node, int row, const uint32_t* allow = nullptr);
     void argmax_rows(int node, int32_t* out, const uint32_t* allow = nullptr);  // every row's, where the node ran
-    // Every row's k best values and their indices (Backend::top_k_rows), where the node ran: rows x k each.
-    void top_k_rows(int node, int k, float* vals, int32_t* ids);
+    // The k best values and their indices (Backend::top_k_rows) of rows [first, first + rows) (rows < 0: every
+    // row from first), where the node ran: rows x k each; 0 < k < the row's length, k <= kTopKMax (the most a
+    // device's top-k kernel keeps).
+    static constexpr int kTopKMax = 256;
+    void top_k_rows(int node, int k, float* vals, int32_t* ids, int first = 0, int rows = -1);
     // Greedy decode of `steps` one-token steps chained on the backend (Backend::greedy_chain): the
     // token and position inputs must hold the first step's.  out[i] is step i's argmax of the output's
     // last row.  false, having run nothing: the plan is not one split on one backend with one token and

@@ -128,6 +128,20 @@ void bind_engine(py::module_& m) {
         }, py::arg("tokens"), py::arg("start_pos"), py::arg("allow") = py::none(),
            "the argmax of the last position's logits (found on the device; only the token id is read back); "
            "allow: constrained decoding's token bitmask, or a callable returning it (called while the step runs)")
+        .def("eval_best", [](Session& s, I32Array tokens, int start_pos, int k) {
+            const int n = int(tokens.size());
+            py::array_t<float> vals(py::ssize_t{std::max(k, 0)});
+            py::array_t<int32_t> ids(py::ssize_t{std::max(k, 0)});
+            float* v = vals.mutable_data();
+            int32_t* t = ids.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                s.eval_best(tokens.data(), n, start_pos, k, v, t);
+            }
+            return py::make_tuple(vals, ids);
+        }, py::arg("tokens"), py::arg("start_pos"), py::arg("k"),
+           "(values, ids): the last position's k best logits by value descending, then id, found where the logits "
+           "are (only they are read back): what Sampler.sample_best takes")
         .def("decode_greedy", [](Session& s, int token, int start_pos, int steps) {
             py::array_t<int32_t> out(py::ssize_t{std::max(steps, 0)});  // the session refuses steps <= 0
             int32_t* o = out.mutable_data();

@@ -272,7 +272,14 @@ class _Generation:
             keep = reusable_prefix(llm._cached, ids, sess.rewind_floor)  # the KV of the prefix shared with the last call
             m.cached_tokens = keep
             llm._cached = llm._cached[:keep]
-            logits = sess.eval(np.asarray(ids[keep:], np.int32), keep)
+            # A sampler that needs only a row's best few logits (a top-k chain, greedy) takes them where the logits
+            # are: k values and ids come back instead of the vocabulary's (Session.eval_best).
+            best = self.sampler.best_needed if spec is None and matcher is None else 0
+            best = best if best <= _minfer.BatchRunner.best_max else 0
+
+            def evaluate(tokens: np.ndarray, at: int):
+                return sess.eval_best(tokens, at, best) if best else sess.eval(tokens, at)
+            logits = evaluate(np.asarray(ids[keep:], np.int32), keep)
             llm._cached = list(ids)
             if spec is not None:
                 spec.prime()
@@ -298,7 +305,7 @@ class _Generation:
                     elif check is not None and not check.done:
                         tok = check.next_token(self.sampler, allow())
                     else:
-                        tok = self.sampler.sample(logits[-1], allow())
+                        tok = self.sampler.sample_best(*logits) if best else self.sampler.sample(logits[-1], allow())
                     if t_first is None:
                         t_first = time.perf_counter()
                         m.ttft_s = t_first - t0
@@ -353,7 +360,7 @@ class _Generation:
                     elif pick_on_device:
                         ahead = [sess.eval_greedy(np.array([tok], np.int32), pos, matcher.mask)]
                     elif not chain:
-                        logits = sess.eval(np.array([tok], np.int32), pos)
+                        logits = evaluate(np.array([tok], np.int32), pos)
                     elif not ahead:  # never more steps than tokens still to take or room in the context
                         n = min(GREEDY_CHUNK, self.max_tokens - m.generated_tokens, sess.n_ctx - pos)
                         ahead = sess.decode_greedy(tok, pos, n).tolist()
