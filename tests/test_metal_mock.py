@@ -281,7 +281,8 @@ def test_gemma3_on_the_mock_device(setup, tmp_path):
 def test_batch_steps_on_the_mock_device(setup, tmp_path):
     """A Metal BatchRunner: the step's projections, norms and RoPE on Metal, the paged KV pool with its store and
     attention on the CPU (Metal has no paged kernels yet; the placement says so), two sequences of a ragged
-    prompt step then a decode step each against the float64 model of each sequence alone."""
+    prompt step then a decode step each against the float64 model of each sequence alone; the decode step's
+    5 best a row (step_best: the logits read back, then a scan) are numpy's top-5 of its logits."""
     exe, model = setup
     e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_GPU_TIMEOUT_S="600",
              METAL_FORWARD_BATCH=str(tmp_path / "batch.f32"))
@@ -296,6 +297,11 @@ def test_batch_steps_on_the_mock_device(setup, tmp_path):
     for row, toks in zip(got, (a, b, a + [3], b + [200])):
         ref = forward64(str(model), toks)[-1]
         assert np.abs(row - ref).max() <= 1e-3 * np.abs(ref).max(), (toks, np.abs(row - ref).max())
+    best = np.fromfile(tmp_path / "batch.f32.best", np.float32)  # the decode step's 5 best a row (step_best)
+    vals, ids = best[:10].reshape(2, 5), best[10:].view(np.int32).reshape(2, 5)
+    for row, v, i in zip(got[2:], vals, ids):
+        order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))[:5]
+        assert np.array_equal(i, order) and np.array_equal(v, row[order]), (i, order)
 
 
 def test_mixed_metal_cpu_splits(setup, tmp_path):

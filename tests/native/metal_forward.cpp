@@ -27,8 +27,8 @@ using namespace minfer;
 
 // Two sequences through a Metal BatchRunner: a ragged prompt step (8 and 5 tokens, blocks of 16: the first
 // sequence in blocks 3 and 0, the second in block 1), then one decode token each.  Writes the four last-row
-// logits rows (prompt A, prompt B, decode A, decode B) to `path`; prints the placement ("placement OP=BACKENDS
-// ...") and "batch ok".
+// logits rows (prompt A, prompt B, decode A, decode B) to `path`, the decode rows' 5 best (step_best) to
+// path + ".best"; prints the placement ("placement OP=BACKENDS ...") and "batch ok".
 int batch_steps(std::shared_ptr<Model> model, const char* path) {
     SchedulerOptions o;
     o.device = "metal";
@@ -48,6 +48,16 @@ int batch_steps(std::shared_ptr<Model> model, const char* path) {
     runner.step(dec, dpos, ones, 2, tables.data(), nullptr, out.data() + size_t(2) * V);
     if (FILE* f = std::fopen(path, "wb")) {
         std::fwrite(out.data(), 4, out.size(), f);
+        std::fclose(f);
+    }
+    // The decode step again (it rewrites the same KV rows), each row's 5 best read where the logits are (a
+    // sampled step's read-back): their values, then their ids, to path + ".best".
+    std::vector<float> vals(10);
+    std::vector<int32_t> ids(10);
+    runner.step_best(dec, dpos, ones, 2, tables.data(), nullptr, 5, vals.data(), ids.data());
+    if (FILE* f = std::fopen((std::string(path) + ".best").c_str(), "wb")) {
+        std::fwrite(vals.data(), 4, vals.size(), f);
+        std::fwrite(ids.data(), 4, ids.size(), f);
         std::fclose(f);
     }
     std::printf("placement");
