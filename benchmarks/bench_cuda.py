@@ -17,6 +17,8 @@ Measured (medians of --reps, after a warm-up of the same shape):
   chain @D the same 128 steps as one Session.decode_greedy (minfer.engine.greedy's
            loop): token and position stay on the device, the host waits once
   tg+logits  tg@512 through the logits (600 KB back a step, argmax in numpy)
+  tg+top-k   tg@512 sampled with llama.cpp's default chain from each step's 40 best (Session.eval_best,
+           Sampler.sample_best: what LLM.generate runs for a top-k chain)
   GB/s     (weight bytes a decode step reads + KV bytes it reads) x tokens/s,
            against the device-to-device copy rate measured first
 """
@@ -95,7 +97,7 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
         r[f"pp{n}"] = n / statistics.median(ts)
     for depth in (512, 4096):
         prompt = rng.integers(0, V, depth).astype(np.int32)
-        ts, tl, tc = [], [], []
+        ts, tl, tc, tb = [], [], [], []
         for rep in range(reps + 1):
             s.eval(prompt, 0)
             tok, pos = 1, depth
@@ -119,10 +121,21 @@ def bench(name: str, reps: int, out: dict, decode_only: bool = False) -> None:
                     pos += 1
                 if rep:
                     tl.append(time.perf_counter() - t)
+                # sampled with llama.cpp's default chain from the step's 40 best (Session.eval_best): LLM's path
+                s.eval(prompt, 0)
+                sampler = M.Sampler(V, temperature=0.8, top_k=40, top_p=0.95, min_p=0.05, seed=1)
+                tok, pos = 1, depth
+                t = time.perf_counter()
+                for _ in range(128):
+                    tok = sampler.sample_best(*s.eval_best(np.array([tok], np.int32), pos, 40))
+                    pos += 1
+                if rep:
+                    tb.append(time.perf_counter() - t)
         tps = 128 / statistics.median(ts)
         r[f"tg@{depth}"] = tps
         if tl:
             r[f"tg_logits@{depth}"] = 128 / statistics.median(tl)
+            r[f"tg_topk@{depth}"] = 128 / statistics.median(tb)
         r[f"chain@{depth}"] = 128 / statistics.median(tc)
         step_bytes = decode_bytes(model, str(path), depth + 64)
         r[f"gbps@{depth}"] = step_bytes * tps / 1e9
@@ -260,17 +273,17 @@ def main() -> None:
             out[name]["llama"] = dict(zip(("pp512", "pp2048", "tg@512", "tg@4096"), llama[name]))
     print(f"{info['name']}: device-to-device copy {copy / 1e9:.0f} GB/s (read + write)")
     print(f"{'layout':7} {'load s':>7} {'pp512':>8} {'x':>5} {'pp2048':>8} {'x':>5} {'tg@512':>7} {'x':>5} "
-          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9} "
+          f"{'GB/s':>6} {'tg@4096':>7} {'x':>5} {'GB/s':>6} {'%copy':>6} {'tg+logits':>9} {'tg+top-k':>8} "
           f"{'chain@512':>9} {'x':>5} {'%copy':>6} {'chain@4096':>10} {'x':>5}")
     for name in a.models.split(","):
         r, l = out[name], llama.get(name, (float("nan"),) * 4)
         r = {k: r.get(k, float("nan")) for k in ("load_s", "pp512", "pp2048", "tg@512", "tg@4096", "gbps@512",
-                                                  "gbps@4096", "tg_logits@512", "chain@512", "chain@4096",
+                                                  "gbps@4096", "tg_logits@512", "tg_topk@512", "chain@512", "chain@4096",
                                                   "chain_gbps@512")}
         print(f"{name:7} {r['load_s']:7.2f} {r['pp512']:8.0f} {r['pp512'] / l[0]:5.2f} {r['pp2048']:8.0f} "
               f"{r['pp2048'] / l[1]:5.2f} {r['tg@512']:7.0f} {r['tg@512'] / l[2]:5.2f} {r['gbps@512']:6.0f} "
               f"{r['tg@4096']:7.0f} {r['tg@4096'] / l[3]:5.2f} {r['gbps@4096']:6.0f} "
-              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f} "
+              f"{100 * r['gbps@512'] / (copy / 1e9):6.1f} {r['tg_logits@512']:9.0f} {r['tg_topk@512']:8.0f} "
               f"{r['chain@512']:9.0f} {r['chain@512'] / l[2]:5.2f} {100 * r['chain_gbps@512'] / (copy / 1e9):6.1f} "
               f"{r['chain@4096']:10.0f} {r['chain@4096'] / l[3]:5.2f}")
     if a.json:
