@@ -387,8 +387,8 @@ def test_step_best_on_nan_logits_is_an_error(tmp_path, rng):
 
 def test_sampled_steps_read_each_rows_best_and_draw_the_single_streams_tokens(tiny_path, tiny_alone, rng):
     """Sequences that sample from a top-k take their steps' best logits only (step_best, not step's whole rows),
-    greedy ones among them too, and draw the tokens each draws alone through LLM (which reads whole rows);
-    a sequence without top_k, or with logprobs, makes its steps read whole rows."""
+    greedy ones among them too, and draw the tokens each draws alone through LLM; a sequence without top_k,
+    with logprobs, or with a top_k past best_max makes its steps read whole rows."""
     prompts = prompts_for(tiny_alone, 4, rng)
     sampled = dict(max_tokens=12, temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=5)
     with Engine(tiny_path, n_ctx=256, threads=2, max_sequences=4) as eng:
@@ -405,7 +405,8 @@ def test_sampled_steps_read_each_rows_best_and_draw_the_single_streams_tokens(ti
         assert calls["step_best"] >= 11 and calls["step"] == 0, calls
         eng.submit(prompts[0], max_tokens=3, temperature=0.9, seed=1).result()
         eng.submit(prompts[0], max_tokens=3, temperature=0.9, top_k=40, logprobs=2).result()
-        assert calls["step"] >= 6, calls
+        eng.submit(prompts[0], max_tokens=3, temperature=0.9, top_k=runner.best_max + 1).result()
+        assert calls["step"] >= 9, calls
     assert [o.tokens for o in outs[:3]] == [tiny_alone.generate(p, **sampled).tokens for p in prompts[:3]]
     assert outs[3].tokens == tiny_alone.generate(prompts[3], max_tokens=12).tokens
 

@@ -89,7 +89,7 @@ class _CountingEvals:
 def test_top_k_sampling_reads_the_best_and_draws_the_whole_rows_tokens(tiny, monkeypatch):
     """A top-k chain's steps take Session.eval_best (k values and ids back, not the vocabulary's logits) and
     draw the tokens its sampler draws from whole rows (Session.eval, Sampler.sample, the same seed); a chain
-    with no top-k reads whole rows."""
+    with no top-k, or one past the most a device keeps, reads whole rows."""
     ids = tiny.tokenize("Once upon a time")
     params = dict(temperature=0.9, top_k=40, top_p=0.9, min_p=0.02, seed=3)
     proxy = _CountingEvals(tiny._live())
@@ -109,6 +109,9 @@ def test_top_k_sampling_reads_the_best_and_draws_the_whole_rows_tokens(tiny, mon
     assert out.tokens == expected
     tiny.generate(ids, max_tokens=4, temperature=0.9, seed=3)
     assert proxy.calls["eval"] >= 1
+    n = proxy.calls["eval"]
+    tiny.generate(ids, max_tokens=4, temperature=0.9, top_k=minfer._minfer.BatchRunner.best_max + 1, seed=3)
+    assert proxy.calls["eval"] > n  # more best than a device keeps: whole rows
 
 
 def test_sampler_greedy_flag():
