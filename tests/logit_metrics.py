@@ -10,6 +10,15 @@ def lse(x: np.ndarray) -> np.ndarray:
     return (m + np.log(np.exp(x - m).sum(-1, keepdims=True)))[..., 0]
 
 
+def best_of(rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's k best by value descending, then index (numpy's lexsort; the sampler's top-k order): (values,
+    int32 indices), [..., k] for rows [..., n]."""
+    flat = rows.reshape(-1, rows.shape[-1])
+    order = np.stack([np.lexsort((np.arange(r.size), -r.astype(np.float64)))[:k] for r in flat])
+    vals = np.take_along_axis(flat, order, 1)
+    return vals.reshape(*rows.shape[:-1], -1), order.astype(np.int32).reshape(*rows.shape[:-1], -1)
+
+
 def compare_topk(ours: np.ndarray, topk_ids: np.ndarray, topk_logits: np.ndarray, ref_lse: np.ndarray) -> dict:
     """ours: [n, V] full logits; the reference gives its top-K ids/logits and full-vocab lse per row.
     KL(ref || ours) over the K ids plus one 'rest' bucket (a lower bound of the full KL)."""

@@ -10,7 +10,7 @@ import pytest
 import minfer
 from attention_ref import f16_attention_bound
 from conftest import SYNTHETIC, layout_model, nan_logits_model, require_cuda, shared_path, synthetic_model
-from logit_metrics import compare_topk
+from logit_metrics import best_of, compare_topk
 from minfer import _minfer
 from minfer.quants import GGMLType as T, dequantize, quantize
 from minfer.batch import Engine
@@ -347,12 +347,6 @@ def test_engine_sampling_is_reproducible_and_independent_of_the_batch(tiny_path,
         together = [o.tokens for o in eng.generate_batch(prompts, **params)]
         one_by_one = [eng.submit(p, **params).result().tokens for p in prompts]
     assert together == one_by_one
-
-
-def best_of(rows, k):
-    """Each row's k best by value descending, then id (numpy's lexsort): (values, ids)."""
-    order = np.stack([np.lexsort((np.arange(r.size), -r.astype(np.float64)))[:k] for r in rows])
-    return np.take_along_axis(rows, order, 1), order.astype(np.int32)
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

@@ -6,13 +6,9 @@ import pytest
 
 import minfer
 from cuda_cases import M, _gpu  # noqa: F401 (fixture)
+from logit_metrics import best_of
 
 pytestmark = pytest.mark.gpu
-
-
-def best_of(rows, k):
-    order = np.stack([np.lexsort((np.arange(r.size), -r.astype(np.float64)))[:k] for r in rows])
-    return np.take_along_axis(rows, order, 1), order.astype(np.int32)
 
 
 def rows_of(kind, rows, n, rng):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import minfer
+from logit_metrics import best_of
 
 S = minfer._minfer.Sampler
 
@@ -246,12 +247,6 @@ def test_top_k_over_tied_logits_takes_the_lowest_ids(k):
     ids, _ = distribution(S(len(x), temperature=1.0, top_k=k, seed=1), x)
     want, _ = exact_cut(x, 1.0, top_k=k)
     assert np.array_equal(ids, want)
-
-
-def best_of(row, k):
-    """The k best of a row by value descending, then id (numpy's lexsort, not the sampler's top_k)."""
-    order = np.lexsort((np.arange(len(row)), -row.astype(np.float64)))[:k]
-    return row[order].astype(np.float32), order.astype(np.int32)
 
 
 def test_best_needed_says_which_chains_read_only_the_best():

@@ -9,6 +9,7 @@ import pytest
 
 import minfer
 from conftest import nan_logits_model, synthetic_model
+from logit_metrics import best_of
 
 M = minfer._minfer
 
@@ -42,17 +43,17 @@ def test_eval_greedy_is_the_argmax_of_eval(qwen2):
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_eval_best_is_the_top_k_of_evals_last_row(qwen2, device):
     """eval_best's values and ids are the k best of eval's last row (value descending, then id; numpy's
-    lexsort), for a prompt and a decode step; the same step rerun writes the same KV rows."""
+    lexsort: logit_metrics.best_of), for a prompt and a decode step; the same step rerun writes the same KV rows."""
     if device == "cuda":
         from conftest import require_cuda
         require_cuda()
     s = M.Session(qwen2, threads=2, n_ctx=128, device=device)
     for tokens, at in ((np.arange(100, 130, dtype=np.int32), 0), (np.array([7], np.int32), 30)):
         row = s.eval(tokens, at)[-1].copy()
-        order = np.lexsort((np.arange(row.size), -row.astype(np.float64)))
         for k in (1, 40, 256):
             vals, ids = s.eval_best(tokens, at, k)
-            assert np.array_equal(ids, order[:k]) and np.array_equal(vals, row[order[:k]]), (at, k)
+            want_vals, want_ids = best_of(row, k)
+            assert np.array_equal(ids, want_ids) and np.array_equal(vals, want_vals), (at, k)
     for k in (0, 257, len(row)):
         with pytest.raises(minfer.MinferError, match="top-k: k ="):
             s.eval_best(np.array([7], np.int32), 30, k)

@@ -78,24 +78,23 @@ void Session::eval(const int32_t* tokens, int n, int start_pos, bool all_logits,
     }
 }
 
-int Session::eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan::AllowFn& allow) {
+Plan& Session::run_for_last(const int32_t* tokens, int n, int start_pos) {
     sched_.check_step(tokens, n, start_pos);
     check_rewind(start_pos);
     const int step = max_step(n);
     int i = 0;
     for (; n - i > step; i += step) run_step(tokens + i, step, start_pos + i, false);
-    // The argmax waits for the step itself: no synchronize between them (the output is the last split's).
-    Plan& pl = run_step(tokens + i, n - i, start_pos + i, false, false);
+    // The read of the output waits for the step itself: no synchronize between them (the output is the last split's).
+    return run_step(tokens + i, n - i, start_pos + i, false, false);
+}
+
+int Session::eval_greedy(const int32_t* tokens, int n, int start_pos, const Plan::AllowFn& allow) {
+    Plan& pl = run_for_last(tokens, n, start_pos);
     return pl.argmax_last_row(pl.graph().output, allow ? allow() : nullptr);
 }
 
 void Session::eval_best(const int32_t* tokens, int n, int start_pos, int k, float* vals, int32_t* ids) {
-    sched_.check_step(tokens, n, start_pos);
-    check_rewind(start_pos);
-    const int step = max_step(n);
-    int i = 0;
-    for (; n - i > step; i += step) run_step(tokens + i, step, start_pos + i, false);
-    Plan& pl = run_step(tokens + i, n - i, start_pos + i, false, false);  // the top-k waits for the step itself
+    Plan& pl = run_for_last(tokens, n, start_pos);
     pl.top_k_rows(pl.graph().output, k, vals, ids, pl.graph().nodes[size_t(pl.graph().output)].rows - 1, 1);
 }
 

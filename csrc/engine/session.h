@@ -56,6 +56,9 @@ class Session {
 
   private:
     Plan& run_step(const int32_t* tokens, int n, int start_pos, bool all_logits, bool sync = true);
+    // A step whose last position alone is read (eval_greedy, eval_best): checked, run in pieces where the KV has
+    // rings, the last piece enqueued without a wait (what reads its output waits for it).
+    Plan& run_for_last(const int32_t* tokens, int n, int start_pos);
     bool rings() const;       // some layer's KV is a ring
     int max_step(int n) const { return rings() ? ModelConfig::kRingStep : n; }
     void check_rewind(int start_pos) const;

@@ -64,7 +64,7 @@ class Sampler {
     // Speculative sampling: `draft` was proposed from q (nullptr: proposed deterministically, q a point
     // mass at it).  Returns `draft` if kept, else the token drawn in its place (never `draft`).
     int verify(const float* logits, int n_vocab, int draft, const Distribution* q, const uint32_t* allow = nullptr);
-    // How many of a row's best logits the chain's token depends on: 1 where it is greedy (), top_k where it
+    // How many of a row's best logits the chain's token depends on: 1 where it is greedy(), top_k where it
     // samples from a top-k with no bias or penalty; 0 where it needs the whole row.  Then a batch step may find
     // each row's best where the logits are and send those alone (BatchRunner::step_best).
     int best_needed() const;

@@ -15,6 +15,7 @@
 // * MINFER_CPU_OPS=Rope,Add,... leaves those ops to the CPU (mixed graphs).
 // Reference: tests/test_cuda.py (bounded waits, graph replay, mixed graphs, forward passes).
 #include "backends/cuda/cuda_backend.cuh"
+#include "graph/plan.h"
 
 namespace minfer::cuda_host {
 
@@ -326,6 +327,7 @@ void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t 
 }
 
 // The winners land in host-mapped memory (k values and ids a row), read after one wait.
+static_assert(cuda::kTopKMax == Plan::kTopKMax, "the device's top-k keeps what a plan may ask");
 void CudaBackend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) {
     usable();
     if (rows < 1) return;
