@@ -6,6 +6,7 @@
 #include "backends/cpu/matmul.h"
 #include "backends/cpu/ops.h"
 #include "common/error.h"
+#include "sampling/scan.h"
 
 namespace minfer {
 
@@ -18,6 +19,20 @@ void CpuBackend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld
         throw MinferError(strfmt("top-k: %d rows of %zu past the end of buffer %d", rows, n, id));
     pool_->parallel_for(rows, [&](int64_t r, int) {
         best_of_row(x + size_t(r) * ld, n, k, vals + size_t(r) * size_t(k), ids + size_t(r) * size_t(k));
+    });
+}
+
+// A batch step's greedy tokens: the rows in place over the thread pool (not copied out one at a time).
+void CpuBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out, const uint32_t* allow) {
+    const float* x = ptr(id) + offset;
+    if (offset + (rows > 0 ? size_t(rows - 1) * ld + n : 0) > buffer_size(id))
+        throw MinferError(strfmt("argmax: %d rows of %zu past the end of buffer %d", rows, n, id));
+    const size_t words = (n + 31) / 32;
+    pool_->parallel_for(rows, [&](int64_t r, int) {
+        const float* row = x + size_t(r) * ld;
+        const int bad = first_nan(row, int(n));
+        if (bad >= 0) throw MinferError(strfmt("argmax: logit %d is NaN (the model produced NaN)", bad));
+        out[r] = allow ? first_argmax_allowed(row, int(n), allow + size_t(r) * words) : first_argmax(row, int(n));
     });
 }
 

@@ -18,6 +18,8 @@ class CpuBackend : public HostBackend {
     void execute_node(const Node& node, const ExecArgs& args) override;
     // The rows in place, spread over the pool's threads.
     void top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) override;
+    void argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
+                     const uint32_t* allow = nullptr) override;
     ThreadPool& pool() { return *pool_; }
     Isa isa() const { return kernels_->isa; }
 
