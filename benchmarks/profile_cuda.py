@@ -4,6 +4,7 @@
     python benchmarks/profile_cuda.py --summarize ncu.csv      # a CSV saved earlier
     python benchmarks/profile_cuda.py --layout 7b --detail matvec_q8 --count 8   # ncu's sections per kernel
     python benchmarks/profile_cuda.py --layout 7b --timeline   # the replayed graph's kernels, in time order
+    python benchmarks/profile_cuda.py --layout 7b --timeline LIB --batch 16   # a batch step of 16 sequences
 
 Runs a decode loop under Nsight Compute (`ncu`) with CUDA graphs off (so each
 kernel is its own launch), warm caches and the GPU's own clocks (`--cache-control
@@ -18,7 +19,8 @@ overlaps launches); the split says which kernels to work on.
 With --timeline, the decode runs as it does for users (graphs replayed, PDL on) and CUPTI's activity
 records (`cuda_timeline.cpp`, preloaded) give each kernel's start and end.  A kernel's share of the step
 is its end minus the previous kernel's end: what it added to the chain, overlap and gaps included, so the
-shares sum to the step.
+shares sum to the step.  With --batch B (ncu's sums too), the steps are BatchRunner's: B sequences of `depth`
+prompt tokens each in one paged pool, then one greedy token a sequence a step, as bench_batched.py runs them.
 """
 from __future__ import annotations
 
@@ -35,10 +37,35 @@ LAYOUTS = {"0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m", "1.5b": "qwen2.5-coder-
            "7b": "deepseek-r1-distill-qwen-7b-q4_k_m"}
 
 
+def batch_steps(model, depth: int, steps: int, B: int, before_last=lambda: None) -> None:
+    """B sequences of `depth` prompt tokens (a step of up to 512 prompt tokens each), then `steps` batch steps of one
+    greedy token a sequence."""
+    import numpy as np
+    import minfer._minfer as M
+
+    bs = 32
+    per_seq = -(-(depth + steps + 1) // bs)
+    r = M.BatchRunner(model, n_ctx=depth + steps + 16, threads=1, device="cuda", kv_tokens=B * per_seq * bs,
+                      block_size=bs)
+    tables = np.zeros((B, r.max_blocks), np.int32)
+    tables[:, :per_seq] = np.arange(B * per_seq, dtype=np.int32).reshape(B, per_seq)
+    prompt = (np.arange(depth) % 1000).astype(np.int32)
+    for s in range(B):
+        for c in range(0, depth, 512):
+            n = min(512, depth - c)
+            r.step_greedy(prompt[c:c + n], np.arange(c, c + n, dtype=np.int32), np.array([n], np.int32),
+                          tables[s:s + 1])
+    tok, ones = np.full(B, 5, np.int32), np.ones(B, np.int32)
+    for i in range(steps):
+        if i == steps - 1:
+            before_last()
+        tok = r.step_greedy(tok, np.full(B, depth + i, np.int32), ones, tables)
+
+
 def workload(layout: str, depth: int, steps: int, one_step: bool = False, timeline: str = "",
-             chain: bool = False) -> None:
+             chain: bool = False, batch: int = 0) -> None:
     """The profiled process: a prompt of `depth` tokens, then `steps` greedy decode steps
-    (with one_step, the profiler is on for the last of them only)."""
+    (with one_step, the profiler is on for the last of them only); with `batch`, batch_steps of that many."""
     import ctypes
 
     import numpy as np
@@ -47,6 +74,15 @@ def workload(layout: str, depth: int, steps: int, one_step: bool = False, timeli
     import minfer._minfer as M
     from conftest import layout_model
 
+    if batch:
+        cuda = ctypes.CDLL("libcuda.so.1") if one_step else None
+        batch_steps(M.Model(str(layout_model(LAYOUTS[layout]))), depth, steps, batch,
+                    before_last=cuda.cuProfilerStart if cuda else lambda: None)
+        if cuda:
+            cuda.cuProfilerStop()
+        if timeline:
+            ctypes.CDLL(timeline).minfer_timeline_flush()
+        return
     s = M.Session(M.Model(str(layout_model(LAYOUTS[layout]))), n_ctx=depth + 256, device="cuda")
     s.eval((np.arange(depth) % 1000).astype(np.int32), 0)
     tok = 5
@@ -90,12 +126,14 @@ def short_name(mangled: str) -> str:
     return name
 
 
-def summarize_timeline(path: str, skip: int = 4) -> str:
+def summarize_timeline(path: str, skip: int = 4, keep: int = 0) -> str:
+    """The steps after the first `skip` (only the last `keep` where keep > 0: a batch's prompt steps come first)."""
     rows = list(csv.DictReader(open(path)))
     ks = sorted(({"start": int(r["start"]), "end": int(r["end"]), "grid": int(r["grid"]),
                   "name": short_name(r["name"])} for r in rows), key=lambda k: k["start"])
     starts = [i for i, k in enumerate(ks) if k["name"].startswith("get_rows")]  # a decode step starts with the gather
-    steps = [ks[a:b] for a, b in zip(starts, starts[1:])][skip:]
+    steps = [ks[a:b] for a, b in zip(starts, starts[1:])]
+    steps = steps[-keep:] if keep else steps[skip:]
     if not steps:
         return "timeline: fewer than two decode steps recorded"
     spans, host_gaps = [], []
@@ -159,19 +197,21 @@ def main() -> None:
                     help="the kernel timeline of replayed decode steps, through this build of cuda_timeline.cpp")
     ap.add_argument("--steps", type=int, default=24, help="with --timeline: decode steps to record")
     ap.add_argument("--chain", action="store_true", help="with --timeline: the steps as one decode_greedy chain")
+    ap.add_argument("--batch", type=int, default=0, help="profile BatchRunner's steps of this many sequences")
     ap.add_argument("--workload", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--one-step", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.workload:
-        return workload(a.layout, a.depth, a.steps if a.timeline else 2, a.one_step, a.timeline, a.chain)
+        return workload(a.layout, a.depth, a.steps if a.timeline else 2, a.one_step, a.timeline, a.chain, a.batch)
     if a.timeline:
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "timeline.csv"
             lib = str(Path(a.timeline).resolve())
             env = dict(os.environ, CUDA_TIMELINE_CSV=str(out), LD_PRELOAD=lib)
             subprocess.run([sys.executable, __file__, "--workload", "--layout", a.layout, "--depth", str(a.depth),
-                            "--steps", str(a.steps), "--timeline", lib] + ["--chain"] * a.chain, env=env, check=True)
-            return print(summarize_timeline(str(out)))
+                            "--steps", str(a.steps), "--timeline", lib, "--batch", str(a.batch)] + ["--chain"] * a.chain,
+                           env=env, check=True)
+            return print(summarize_timeline(str(out), keep=a.steps - 4 if a.batch else 0))
     if a.summarize:
         return print(summarize(a.summarize))
     if a.detail:
@@ -179,13 +219,15 @@ def main() -> None:
                "--kernel-name", f"regex:{a.detail}", "--launch-count", str(a.count)]
         for section in ("SpeedOfLight", "LaunchStats", "Occupancy", "WarpStateStats", "MemoryWorkloadAnalysis"):
             cmd += ["--section", section]
-        cmd += [sys.executable, __file__, "--workload", "--one-step", "--layout", a.layout, "--depth", str(a.depth)]
+        cmd += [sys.executable, __file__, "--workload", "--one-step", "--layout", a.layout, "--depth", str(a.depth),
+                "--batch", str(a.batch)]
         subprocess.run(cmd, env=dict(os.environ, MINFER_CUDA_GRAPHS="0"), check=True)
         return
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ncu.csv"
         cmd = ["ncu", "--cache-control", "none", "--clock-control", "none", "--metrics", "gpu__time_duration.sum",
-               "--csv", sys.executable, __file__, "--workload", "--layout", a.layout, "--depth", str(a.depth)]
+               "--csv", sys.executable, __file__, "--workload", "--layout", a.layout, "--depth", str(a.depth),
+               "--batch", str(a.batch)]
         with open(out, "w") as f:
             subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=dict(os.environ, MINFER_CUDA_GRAPHS="0"),
                            check=True)
