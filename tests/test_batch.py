@@ -371,12 +371,21 @@ def test_step_best_is_each_rows_best_of_the_step(device, rng):
             runner.step_best(*args, k=k)
 
 
-def test_step_best_on_nan_logits_is_an_error(tmp_path, rng):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_nan_logits_in_a_batch_step_are_an_error(device, tmp_path, rng):
+    """A NaN logit fails the step that reads it -- step_best and step_greedy, one row or several -- instead of
+    a token chosen past it."""
+    if device == "cuda":
+        require_cuda()
     runner = _minfer.BatchRunner(_minfer.Model(str(nan_logits_model(tmp_path))), n_ctx=64, threads=2, kv_tokens=128,
-                                 block_size=16)
-    with pytest.raises(minfer.MinferError, match="NaN"):
-        runner.step_best(np.array([3], np.int32), np.array([0], np.int32), np.array([1], np.int32),
-                         tables_for(runner, [8], rng), k=40)
+                                 block_size=16, device=device)
+    for n in (1, 3):
+        args = (np.full(n, 3, np.int32), np.zeros(n, np.int32), np.ones(n, np.int32),
+                tables_for(runner, [8] * n, rng))
+        with pytest.raises(minfer.MinferError, match="NaN"):
+            runner.step_best(*args, k=40)
+        with pytest.raises(minfer.MinferError, match="NaN"):
+            runner.step_greedy(*args)
 
 
 def test_sampled_steps_read_each_rows_best_and_draw_the_single_streams_tokens(tiny_path, tiny_alone, rng):

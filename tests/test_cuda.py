@@ -356,8 +356,47 @@ def test_device_argmax(n, rng):
     y = x.copy()
     y[n - 2] = np.nan
     assert M.cuda_argmax(y, 2) == ([int(np.nanargmax(y))] * 2, True)
-    with pytest.raises(minfer.MinferError, match="cuda_argmax: 0 values"):
+    with pytest.raises(minfer.MinferError, match="cuda_argmax: 1 rows of 0 values"):
         M.cuda_argmax(np.zeros(0, np.float32))
+
+
+def first_best(x, allow=None):
+    """numpy's argmax of each row among the allowed (bit i of allow[r, i // 32]), NaN never winning: the first
+    index of the row's largest value, 0 where nothing is finite or allowed (as a scan from -inf picks)."""
+    y = np.where(np.isnan(x), -np.inf, x)
+    if allow is not None:
+        bits = np.unpackbits(allow.view(np.uint8), axis=1, bitorder="little")[:, :x.shape[1]].astype(bool)
+        y = np.where(bits, y, -np.inf)
+    return [int(np.argmax(r)) for r in y]
+
+
+@pytest.mark.parametrize("n", [1000, 4097, 152064])
+@pytest.mark.parametrize("rows", [3, 64])
+def test_device_argmax_rows(n, rows, rng):
+    """A batch step's argmax: every row in one launch pair (at 152064 values 26 rows fit the scratch: 64 rows are
+    three launches), each row's winner placed apart, ties across blocks, a row all -inf, NaN rows (flagged, never
+    chosen), and with masks (a batch of constrained rows: the winner among the allowed, a row with none allowed)
+    against numpy, twice back to back."""
+    x = rng.standard_normal((rows, n)).astype(np.float32)
+    for r in range(rows):
+        x[r, (r * 7919) % n] = 10.0 + r % 3  # winners in every block position across the rows
+    x[1, [n // 3, n - 1]] = 20.0  # a tie across blocks: the first wins
+    x[rows - 1] = -np.inf
+    assert M.cuda_argmax(x, 2) == (first_best(x) * 2, False)
+    y = x.copy()
+    y[0, 5] = np.nan
+    y[2, n - 1] = np.nan
+    assert M.cuda_argmax(y, 1) == (first_best(y), True)
+    words = (n + 31) // 32
+    allow = rng.integers(0, 2**32, size=(rows, words), dtype=np.uint64).astype(np.uint32)
+    allow[0] = 0  # nothing allowed: token 0
+    allow[1, :] = 0
+    allow[1, (n // 2) // 32] = 1 << ((n // 2) % 32)  # only one token allowed
+    got = M.cuda_argmax(x, 2, allow)
+    assert got == (first_best(x, allow) * 2, False)
+    assert got[0][1] == n // 2
+    with pytest.raises(ValueError, match="allow must be"):
+        M.cuda_argmax(x, 1, allow[:, :-1])
 
 
 def test_greedy_on_device_matches_host_argmax(q05_model, rng):

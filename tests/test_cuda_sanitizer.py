@@ -54,9 +54,10 @@ print("done")
 
 
 # A batch step's kernels: two ragged steps of the tiny Q8_0 model (its products on the bf16 and int8 tensor
-# cores, the paged attention, the rows picked for the logits), a sampled step's top-k, the bf16 and int8
-# products of the real layouts' types (split K, rows past N and M), and the paged decode attention of the real
-# head sizes: the tensor-core kernel, and the warp kernels with a block per query head and per KV head.
+# cores, the paged attention, the rows picked for the logits), a sampled step's top-k, a greedy one's argmax
+# rows, the bf16 and int8 products of the real layouts' types (split K summed by the last block, rows past N
+# and M), and the paged decode attention of the real head sizes: the tensor-core kernel, and the warp kernels
+# with a block per query head and per KV head.
 BATCH = r'''
 import sys, numpy as np
 import minfer._minfer as M
@@ -67,6 +68,8 @@ r.step(np.arange(20, dtype=np.int32), np.array(list(range(9)) + list(range(11)),
        np.array([9, 11], np.int32), tables)
 r.step(np.array([3, 4], np.int32), np.array([9, 11], np.int32), np.array([1, 1], np.int32), tables)
 r.step_best(np.array([5, 6], np.int32), np.array([10, 12], np.int32), np.array([1, 1], np.int32), tables, k=40)
+r.step_greedy(np.array([7, 8], np.int32), np.array([11, 13], np.int32), np.array([1, 1], np.int32), tables)
+assert not M.cuda_argmax(rng.standard_normal((30, 152064)).astype(np.float32))[1]  # two launches of rows
 x = np.round(rng.standard_normal((3, 9000)) * 2).astype(np.float32)  # ties; a last segment shorter than k
 assert not M.cuda_top_k(x, 256)[2]
 for t, bv, bb, n, k in ((12, 256, 144, 1003, 2048), (14, 256, 210, 77, 3584), (8, 32, 34, 200, 896),

@@ -1,6 +1,7 @@
 // The GPU backends from Python: whether CUDA and Metal are there (and why
 // not), and the CUDA kernel entry points the tests and benchmarks call directly.
 #include <cstring>
+#include <optional>
 
 #include "backends/cuda/cuda_api.h"
 #include "backends/metal/metal_api.h"
@@ -60,18 +61,24 @@ void bind_devices(py::module_& m) {
         return cuda_copy_bandwidth(bytes, iters);
     }, py::arg("bytes") = size_t(1) << 31, py::arg("iters") = 20, "device-to-device copy rate, bytes read + written per s");
 
-    m.def("cuda_argmax", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int reps) {
-        if (x.ndim() != 1) throw py::value_error("x must be 1-D");
+    m.def("cuda_argmax", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int reps,
+                            std::optional<py::array_t<uint32_t, py::array::c_style | py::array::forcecast>> allow) {
+        if (x.ndim() != 1 && x.ndim() != 2) throw py::value_error("x must be [n] or [rows, n]");
+        const int rows = x.ndim() == 2 ? int(x.shape(0)) : 1, n = int(x.shape(x.ndim() - 1));
+        if (allow && (allow->ndim() != 2 || allow->shape(0) != rows || allow->shape(1) != (n + 31) / 32))
+            throw py::value_error("allow must be [rows, (n + 31) / 32] uint32 bit masks");
         bool nan = false;
         std::vector<int> won;
+        const uint32_t* a = allow ? allow->data() : nullptr;
         {
             py::gil_scoped_release nogil;
-            won = cuda_argmax(x.data(), int(x.shape(0)), reps, &nan);
+            won = cuda_argmax(x.data(), n, rows, reps, a, &nan);
         }
         return py::make_tuple(won, nan);
-    }, py::arg("x"), py::arg("reps") = 1,
-       "(winners, nan): the device argmax of x (greedy decoding's: the first index on ties) run `reps` times back "
-       "to back, each run's winner, and whether a NaN was flagged");
+    }, py::arg("x"), py::arg("reps") = 1, py::arg("allow") = py::none(),
+       "(winners, nan): the device argmax of x (greedy decoding's: the first index on ties; [rows, n]: each row's, "
+       "a batch step's kernels) among the indices `allow` ([rows, (n + 31) / 32] bit masks) lets win, run `reps` "
+       "times back to back, each run's winners in turn, and whether a NaN was flagged");
 
     m.def("cuda_top_k", [](py::array_t<float, py::array::c_style | py::array::forcecast> x, int k, int iters) {
         if (x.ndim() != 2) throw py::value_error("x must be [rows, n]");

@@ -39,9 +39,10 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
                                int rows, int iters, double* seconds_per_call, const std::string& path = "auto");
 // The device-to-device copy rate (bytes read + bytes written per second) over `bytes`.
 double cuda_copy_bandwidth(size_t bytes, int iters);
-// The device argmax (greedy decoding's) of x[0..n), run `reps` times back to back: each run's winner, and
-// whether a run flagged a NaN among the values.
-std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan);
+// The device argmax (greedy decoding's) of each of `rows` rows of x[rows, n] (one row: the decode step's kernels;
+// more: a batch step's), among the indices `allow` ([rows, (n + 31) / 32] bit masks, or nullptr) lets win, run
+// `reps` times back to back: each run's winners, and whether a run flagged a NaN among the values.
+std::vector<int> cuda_argmax(const float* x, int n, int rows, int reps, const uint32_t* allow, bool* nan);
 // The device top-k (a sampled batch step's) of `rows` rows of n floats: vals / ids [rows, k], and whether a NaN
 // was flagged; with iters > 0 the call is then timed that many times.
 void cuda_top_k(const float* x, int n, int rows, int k, float* vals, int32_t* ids, bool* nan, int iters = 0,

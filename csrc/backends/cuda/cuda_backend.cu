@@ -34,6 +34,8 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     check(cudaHostAlloc((void**)&argmax_host_, sizeof(int), cudaHostAllocMapped), "allocating the argmax word");
     check(cudaHostGetDevicePointer((void**)&argmax_dev_, argmax_host_, 0), "mapping the argmax word");
     argmax_part_ = device_alloc(size_t(cuda::kArgmaxBlocks) * 8, "the argmax scratch");
+    split_counters_ = (int*)device_alloc(size_t(cuda::kGemmMmaCounters) * sizeof(int), "the split counters");
+    check(cudaMemset(split_counters_, 0, size_t(cuda::kGemmMmaCounters) * sizeof(int)), "zeroing the split counters");
     check(cudaHostAlloc((void**)&chain_host_, kChainSteps * sizeof(int32_t), cudaHostAllocMapped),
           "allocating the chain's results");
     check(cudaHostGetDevicePointer((void**)&chain_dev_, chain_host_, 0), "mapping the chain's results");
@@ -118,6 +120,7 @@ CudaBackend::~CudaBackend() {
     cudaFreeHost(argmax_host_);
     cudaFreeHost(chain_host_);
     cudaFree(argmax_part_);
+    cudaFree(split_counters_);
     cudaFreeHost(staging_);
     cudaFreeHost(host_buf_);
     cudaFreeHost(allow_host_);
@@ -310,7 +313,7 @@ int CudaBackend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) 
     return *(volatile int*)argmax_host_;
 }
 
-// Every row's argmax enqueued, then one wait (the winners land in the host-mapped chain buffer).
+// Every row's argmax enqueued (cuda::argmax_rows), then one wait (the winners land in the host-mapped chain buffer).
 void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t ld, int32_t* out,
                               const uint32_t* allow) {
     usable();
@@ -318,9 +321,9 @@ void CudaBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t 
     const uint32_t* masks = allow ? upload_allow(allow, size_t(rows) * words) : nullptr;
     for (int r0 = 0; r0 < rows; r0 += kChainSteps) {
         const int m = std::min(kChainSteps, rows - r0);
-        for (int r = 0; r < m; r++)
-            cuda::argmax((const float*)raw(id) + offset + size_t(r0 + r) * ld, int(n), (int*)(chain_dev_ + r),
-                         argmax_part_, err_dev_, stream_, {}, masks ? masks + size_t(r0 + r) * words : nullptr);
+        cuda::argmax_rows((const float*)raw(id) + offset + size_t(r0) * ld, int64_t(ld), int(n), m, (int*)chain_dev_,
+                          argmax_part_, err_dev_, stream_, masks ? masks + size_t(r0) * words : nullptr,
+                          int64_t(words));
         synchronize();
         std::memcpy(out + r0, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
     }

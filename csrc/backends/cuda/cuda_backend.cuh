@@ -144,6 +144,7 @@ class CudaBackend : public Backend {
     int* argmax_host_ = nullptr;    // host-mapped: the argmax kernel writes the token id here
     int* argmax_dev_ = nullptr;
     void* argmax_part_ = nullptr;   // the argmax's per-block winners
+    int* split_counters_ = nullptr;  // gemm_mma's K ranges done a row range (zero between launches)
     int32_t* chain_host_ = nullptr;  // host-mapped: a greedy chain's tokens (kChainSteps), read after its wait
     int32_t* chain_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads

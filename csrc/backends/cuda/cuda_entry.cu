@@ -81,7 +81,8 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
                               how == "mma" ? cuda::gemm_q8_splits(type, rows, N, K) : 1,
                               how == "bf16" ? cuda::gemm_mma_splits(type, rows, N, K) : 1})) * rows * N * 4,
              waits),
-        xq(cuda::matvec_q8_scratch_bytes(rows, K), waits);
+        xq(cuda::matvec_q8_scratch_bytes(rows, K), waits), counters(size_t(cuda::kGemmMmaCounters) * 4, waits);
+    check(cudaMemset(counters.p, 0, size_t(cuda::kGemmMmaCounters) * 4), "zeroing the split counters");
     std::vector<uint8_t> laid(dev_w);
     lay_rows(type, w, laid.data(), N, K);
     check(cudaMemcpy(dw.p, laid.data(), dev_w, cudaMemcpyHostToDevice), "uploading");
@@ -90,7 +91,8 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     auto run = [&] {
         if (how == "bf16") {
             cuda::mma_act((const float*)dx.p, K, rows, K, xh.p, s);
-            cuda::gemm_mma(type, xh.p, rows, K, (const uint8_t*)dw.p, N, (float*)dy.p, N, nullptr, (float*)part.p, s);
+            cuda::gemm_mma(type, xh.p, rows, K, (const uint8_t*)dw.p, N, (float*)dy.p, N, nullptr, (float*)part.p,
+                           (int*)counters.p, s);
         } else if (how == "mma") {
             const cuda::Q8Act q8 = cuda::q8_act(xq.p, rows, K);
             cuda::quantize_q8((const float*)dx.p, K, rows, K, q8, s);
@@ -147,23 +149,30 @@ double cuda_copy_bandwidth(size_t bytes, int iters) {
     return 2.0 * double(bytes) * iters / t.seconds(waits);
 }
 
-std::vector<int> cuda_argmax(const float* x, int n, int reps, bool* nan) {
+std::vector<int> cuda_argmax(const float* x, int n, int rows, int reps, const uint32_t* allow, bool* nan) {
     if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
-    if (n < 1 || reps < 1) throw MinferError(strfmt("cuda_argmax: %d values, %d runs (at least 1 of each)", n, reps));
+    if (n < 1 || rows < 1 || reps < 1)
+        throw MinferError(strfmt("cuda_argmax: %d rows of %d values, %d runs (at least 1 of each)", rows, n, reps));
+    const size_t words = (size_t(n) + 31) / 32;
     Waits waits;
-    DevMem dx(size_t(n) * 4, waits), part(size_t(cuda::kArgmaxBlocks) * 8, waits), out(size_t(reps) * 4, waits),
-        err(4, waits);
+    DevMem dx(size_t(n) * size_t(rows) * 4, waits), part(size_t(cuda::kArgmaxBlocks) * 8, waits),
+        out(size_t(reps) * size_t(rows) * 4, waits), err(4, waits), mask(allow ? words * size_t(rows) * 4 : 4, waits);
     cudaStream_t s = nullptr;
-    check(cudaMemcpyAsync(dx.p, x, size_t(n) * 4, cudaMemcpyHostToDevice, s), "uploading");
+    check(cudaMemcpyAsync(dx.p, x, size_t(n) * size_t(rows) * 4, cudaMemcpyHostToDevice, s), "uploading");
+    if (allow) check(cudaMemcpyAsync(mask.p, allow, words * size_t(rows) * 4, cudaMemcpyHostToDevice, s), "uploading");
     check(cudaMemsetAsync(err.p, 0, 4, s), "zeroing the error word");
-    for (int i = 0; i < reps; i++)
-        cuda::argmax((const float*)dx.p, n, (int*)out.p + i, part.p, (uint32_t*)err.p, s);
+    const uint32_t* m = allow ? (const uint32_t*)mask.p : nullptr;
+    for (int i = 0; i < reps; i++) {
+        int* o = (int*)out.p + size_t(i) * size_t(rows);
+        if (rows == 1) cuda::argmax((const float*)dx.p, n, o, part.p, (uint32_t*)err.p, s, {}, m);
+        else cuda::argmax_rows((const float*)dx.p, n, n, rows, o, part.p, (uint32_t*)err.p, s, m, int64_t(words));
+    }
     Timer t;
     check(cudaEventRecord(t.b, s), "recording an event");
     waits.on(t.b, "running the argmax");
-    std::vector<int> won(reps);
+    std::vector<int> won(size_t(reps) * size_t(rows));
     uint32_t e = 0;
-    check(cudaMemcpy(won.data(), out.p, size_t(reps) * 4, cudaMemcpyDeviceToHost), "reading back");
+    check(cudaMemcpy(won.data(), out.p, won.size() * 4, cudaMemcpyDeviceToHost), "reading back");
     check(cudaMemcpy(&e, err.p, 4, cudaMemcpyDeviceToHost), "reading back");
     *nan = (e & cuda::kNanLogit) != 0;
     return won;

@@ -65,7 +65,8 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         cuda::mma_act(x, ldx, rows, K, xb, stream_);
         return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
-                             cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
+                             cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial,
+                                            split_counters_, stream_);
                          });
     }
     if (mma) {

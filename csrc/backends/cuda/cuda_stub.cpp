@@ -24,7 +24,9 @@ std::vector<float> cuda_matmul(uint32_t, const uint8_t*, size_t, int64_t, int64_
 
 double cuda_copy_bandwidth(size_t, int) { throw MinferError(cuda_device_info().reason); }
 
-std::vector<int> cuda_argmax(const float*, int, int, bool*) { throw MinferError(cuda_device_info().reason); }
+std::vector<int> cuda_argmax(const float*, int, int, int, const uint32_t*, bool*) {
+    throw MinferError(cuda_device_info().reason);
+}
 void cuda_top_k(const float*, int, int, int, float*, int32_t*, bool*, int, double*) {
     throw MinferError(cuda_device_info().reason);
 }

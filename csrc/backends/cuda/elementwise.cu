@@ -52,19 +52,26 @@ __global__ void get_rows_kernel(const uint8_t* __restrict__ W, int64_t n_rows_w,
     for (int i = 0; i < 8; i++) y[int64_t(r) * ldy + c * 8 + i] = w[i];
 }
 
-// Block b scans x[b * chunk, (b + 1) * chunk) (index j, or ids[j] in the
-// second pass), then (value, index) pairs are reduced keeping the larger
-// value and, on ties, the smaller index (NaN never wins).  The block's best
-// goes to pv/pi[b], or, in a one-block pass, the token to *out.
+// Block b of row y = blockIdx.y scans x[y ldx + b * chunk, ... + chunk) (index j, or ids[y ldx + j] in the
+// second pass), then (value, index) pairs are reduced keeping the larger value and, on ties, the smaller index
+// (NaN never wins).  The block's best goes to pv/pi[y gridDim.x + b], or, in a one-block pass, the token to
+// out[y].  Rows are independent: a batch's rows are one launch (two with the second pass), not two each.
 __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
 }
 
-__global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int chunk, float* pv,
-                              int* pi, int* out, uint32_t* err, ArgmaxFeed feed, const uint32_t* __restrict__ allow) {
+__global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int64_t ldx, int chunk,
+                              float* pv, int* pi, int* out, uint32_t* err, ArgmaxFeed feed,
+                              const uint32_t* __restrict__ allow, int64_t ld_allow) {
     pdl_start();
     __shared__ float sv[32];
     __shared__ int si[32];
+    const int64_t row = blockIdx.y;
+    x += row * ldx;
+    if (ids) ids += row * ldx;
+    if (allow) allow += row * ld_allow;
+    if (pv) pv += row * gridDim.x, pi += row * gridDim.x;
+    if (out) out += row;
     const int first = blockIdx.x * chunk, last = min(n, first + chunk);
     float v = -INFINITY;
     int i = INT_MAX;
@@ -118,19 +125,40 @@ void pick_rows(const float* x, int64_t ldx, int x_rows, const int32_t* idx, floa
            x_rows, idx, y, ldy, cols, err);
 }
 
-void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed,
-            const uint32_t* allow) {
-    // Two passes over a vocabulary (one block would scan 150k logits alone): blocks of 4096 values,
-    // then one block over their winners.
+namespace {
+// Two passes over a vocabulary (one block would scan 150k logits alone): blocks of `chunk` values, then one block
+// over their winners; as many rows a launch pair as their partials fit the kArgmaxBlocks of scratch.
+void argmax_launch(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
+                   ArgmaxFeed feed, const uint32_t* allow, int64_t ld_allow) {
     const int chunk = std::max(4096, (n + kArgmaxBlocks - 1) / kArgmaxBlocks), blocks = (n + chunk - 1) / chunk;
     float* pv = (float*)partial;
     int* pi = (int*)(pv + kArgmaxBlocks);
-    if (blocks == 1) return launch("argmax", argmax_kernel, dim3(1), dim3(1024), 0, s, x, (const int*)nullptr, n, n,
-                                   (float*)nullptr, (int*)nullptr, out, err, feed, allow);
-    launch("argmax", argmax_kernel, dim3(unsigned(blocks)), dim3(1024), 0, s, x, (const int*)nullptr, n, chunk, pv, pi,
-           (int*)nullptr, err, ArgmaxFeed{}, allow);
-    launch("argmax_final", argmax_kernel, dim3(1), dim3(1024), 0, s, (const float*)pv, (const int*)pi, blocks, blocks,
-           (float*)nullptr, (int*)nullptr, out, (uint32_t*)nullptr, feed, (const uint32_t*)nullptr);
+    for (int r = 0, per = kArgmaxBlocks / blocks; r < rows; r += per) {
+        const int m = std::min(per, rows - r);
+        const float* xr = x + int64_t(r) * ldx;
+        const uint32_t* ar = allow ? allow + int64_t(r) * ld_allow : nullptr;
+        if (blocks == 1) {
+            launch("argmax", argmax_kernel, dim3(1, unsigned(m)), dim3(1024), 0, s, xr, (const int*)nullptr, n, ldx, n,
+                   (float*)nullptr, (int*)nullptr, out + r, err, feed, ar, ld_allow);
+            continue;
+        }
+        launch("argmax", argmax_kernel, dim3(unsigned(blocks), unsigned(m)), dim3(1024), 0, s, xr, (const int*)nullptr,
+               n, ldx, chunk, pv, pi, (int*)nullptr, err, ArgmaxFeed{}, ar, ld_allow);
+        launch("argmax_final", argmax_kernel, dim3(1, unsigned(m)), dim3(1024), 0, s, (const float*)pv, (const int*)pi,
+               blocks, int64_t(blocks), blocks, (float*)nullptr, (int*)nullptr, out + r, (uint32_t*)nullptr, feed,
+               (const uint32_t*)nullptr, int64_t(0));
+    }
+}
+}  // namespace
+
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed,
+            const uint32_t* allow) {
+    argmax_launch(x, n, n, 1, out, partial, err, s, feed, allow, 0);
+}
+
+void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
+                 const uint32_t* allow, int64_t ld_allow) {
+    argmax_launch(x, ldx, n, rows, out, partial, err, s, ArgmaxFeed{}, allow, ld_allow);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

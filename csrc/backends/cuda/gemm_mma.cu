@@ -13,8 +13,10 @@
 // m16n8k16 (bf16 x bf16 -> f32).  The sums need no per-unit scaling: a unit's scales are in the weights, so the tensor cores'
 // f32 accumulators carry the whole row (integer products scaled per unit cost more instructions than the
 // products themselves).  The weights of the first stages are requested before the kernel waits for the one before
-// it (programmatic dependent launch).  K is split over blocks (partials summed in order by gemm_reduce) where the
-// weight rows alone leave waves half empty.
+// it (programmatic dependent launch).  K is split over blocks where the weight rows alone leave waves half empty;
+// at up to 8 rows the last block of a row range to finish sums the ranges' partials in order (a counter a row
+// range: the reduce launch was a tenth of a small batch's step), beyond, gemm_reduce (one block summing 64 rows x
+// M outputs is the kernel's longest part there).
 //
 // Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the mma path, with the
 // bound of rounding x and the weights' scaled quants to bf16).
@@ -31,6 +33,8 @@ namespace minfer::cuda {
 namespace {
 
 constexpr int kWRows = 64, kThreads = 2 * kWRows;  // four warps of 16 weight rows
+constexpr int kMaxSplits = 8;                        // K ranges (stream_splits' limit)
+constexpr int kSumInKernelRows = 8;                  // at most this many rows: the last block sums the K ranges
 constexpr int kChunk = 128, kChunkStride = 2 * kChunk + 64;  // x's chunk: 128 bf16 and 64 bytes apart a row
 
 __device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *(const uint2*)p; }
@@ -110,7 +114,8 @@ __device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, i
         : "memory");
 }
 
-// y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to y + z M N (ldy N).
+// y (+ bias) = x W^T over the slices [z k_len, ...) of K; with gridDim.z > 1 the partial goes to partial + z M N
+// (N apart), and where `counters` the block that finds its row range's counter at gridDim.z - 1 sums them into y.
 // x is mma_act's layout of M rows.  Thread 0 issues the weights' box (rows past N arrive as zeros) where
 // `tensor`, else thread i < 64 weight row i's 16-byte pieces covering the slice (rows past N are not copied), and
 // thread 0 x's chunks (M rows; those past M in the stage are never written to y).
@@ -119,7 +124,8 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
                                                             const __grid_constant__ CUtensorMap wmap, bool tensor,
                                                             const uint8_t* __restrict__ W, int64_t rb, int64_t N,
                                                             int64_t k_len, float* __restrict__ y, int64_t ldy,
-                                                            const float* __restrict__ bias) {
+                                                            const float* __restrict__ bias, float* partial,
+                                                            int* counters) {
     using S = Stage<T, NT>;
     using WT = MmaW<T>;
     constexpr int kS = S::kCount;
@@ -129,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
     const int64_t s_begin = int64_t(blockIdx.z) * k_len / S::kSlice;
     const int64_t k_end = int64_t(blockIdx.z + 1) * k_len, s_end = (k_end < K ? k_end : K) / S::kSlice;
     const int64_t steps = s_end - s_begin;
-    if (gridDim.z > 1) y += int64_t(blockIdx.z) * M * N;
+    const bool split = gridDim.z > 1;
     const int tid = threadIdx.x, w_rows = int(N - n0 < kWRows ? N - n0 : kWRows);
     const bool issuer = tid == 0, row_issuer = !tensor && tid < w_rows;
     if (issuer) {
@@ -201,15 +207,56 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
             if (issuer) issue_x(t + kS);
         }
     }
-    const bool add_bias = bias && gridDim.z == 1;
+    float* out = split ? partial + int64_t(blockIdx.z) * M * N : y;
+    const int64_t ldo = split ? N : ldy;
 #pragma unroll
     for (int n = 0; n < NT; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int64_t row = n0 + r0 + 8 * (e / 2);
             const int tok = 8 * n + 2 * t4 + (e % 2);
-            if (row < N && tok < M) y[tok * ldy + row] = acc[n][e] + (add_bias ? bias[row] : 0.0f);
+            if (row < N && tok < M) out[tok * ldo + row] = acc[n][e] + (bias && !split ? bias[row] : 0.0f);
         }
+    if (!split || !counters) return;
+    // The row range's last block to finish: bias, then the ranges in order (the sums gemm_reduce made).
+    __shared__ bool last;
+    __threadfence();  // this block's partial is visible before its count
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&counters[blockIdx.x], 1) == int(gridDim.z) - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    // Four rows a thread (float4 where N allows) and every range's loads in flight before the first add: one
+    // block sums M x 64 outputs, and a load at a time (one L2 round trip each) made it the kernel's longest part.
+    const int ranges = int(gridDim.z);
+    const bool vec = N % 4 == 0;
+    for (int i = tid; i < M * (kWRows / 4); i += kThreads) {
+        const int tok = i / (kWRows / 4);
+        const int64_t row = n0 + 4 * (i % (kWRows / 4));
+        if (row >= N) continue;
+        float4 v[kMaxSplits];
+#pragma unroll
+        for (int z = 0; z < kMaxSplits; z++) {
+            if (z >= ranges) break;
+            const float* p = partial + (int64_t(z) * M + tok) * N + row;
+            v[z] = vec ? __ldcg((const float4*)p)
+                       : make_float4(__ldcg(p), row + 1 < N ? __ldcg(p + 1) : 0.0f, row + 2 < N ? __ldcg(p + 2) : 0.0f,
+                                     row + 3 < N ? __ldcg(p + 3) : 0.0f);
+        }
+        float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (bias && row + c < N) sum[c] = bias[row + c];
+#pragma unroll
+        for (int z = 0; z < kMaxSplits; z++) {
+            if (z >= ranges) break;
+            sum[0] += v[z].x, sum[1] += v[z].y, sum[2] += v[z].z, sum[3] += v[z].w;
+        }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            if (row + c < N) y[tok * ldy + row + c] = sum[c];
+    }
+    if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch, which waits for this one
 }
 
 // x [rows, K] (ldx apart) -> bf16 chunk-major (value k of row r at byte ((k / 128) rows + r) kChunkStride +
@@ -284,7 +331,7 @@ static CUtensorMap weight_map(uint32_t type, const uint8_t* W, int64_t rb, int64
 }
 
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
-              const float* bias, float* partial, cudaStream_t s) {
+              const float* bias, float* partial, int* counters, cudaStream_t s) {
     if (!gemm_mma_fits(wtype, M, K))
         throw MinferError(strfmt("CUDA gemm_mma: %s weights, %lld rows of width %lld (Q4_K, Q6_K or Q8_0; 1..%d rows; "
                                  "width a multiple of %d)", type_traits(wtype).name, (long long)M, (long long)K,
@@ -301,11 +348,13 @@ void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t
     if (tensor) wmap = weight_map(wtype, W, rb, N, box);
     const auto k = batch_kernel<Build>(wtype, nt, "gemm_mma");
     const dim3 grid(unsigned((N + kWRows - 1) / kWRows), 1u, unsigned(splits));
-    float* out = splits > 1 ? partial : y;
+    const bool sum_in_kernel = splits > 1 && M <= kSumInKernelRows;
+    if (splits > kMaxSplits || (sum_in_kernel && (!counters || grid.x > unsigned(kGemmMmaCounters))))
+        throw MinferError(strfmt("CUDA gemm_mma: %u blocks of weight rows split over K %d times (at most %d counters, "
+                                 "%d ranges)", grid.x, splits, kGemmMmaCounters, kMaxSplits));
     launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, wmap, tensor, W, rb,
-           N, k_len,
-           out, splits > 1 ? N : ldy, bias);
-    if (splits > 1) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
+           N, k_len, y, ldy, bias, partial, sum_in_kernel ? counters : nullptr);
+    if (splits > 1 && !sum_in_kernel) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
 }
 
 }  // namespace minfer::cuda

@@ -107,14 +107,17 @@ int gemm_q8_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
 void gemm_q8(uint32_t wtype, Q8Act x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
              const float* bias, float* partial, cudaStream_t s);
 // The same on the bf16 tensor cores (gemm_mma.cu): x laid out by mma_act (mma_act_bytes of scratch), the quants
-// decoded to bf16 with their scales; partial: gemm_mma_splits(...) * M * N floats (or null: no split).
+// decoded to bf16 with their scales; partial: gemm_mma_splits(...) * M * N floats (or null: no split), whose K
+// ranges the last block of each 64 weight rows sums at up to 8 rows (no reduce launch), counted in `counters`: at
+// least kGemmMmaCounters ints, zero before the call and after it.
 constexpr int kGemmMmaMinRows = 3, kGemmMmaMaxRows = 64;  // the batch step takes it from kGemmMmaMinRows rows
+constexpr int kGemmMmaCounters = 4096;  // blocks of 64 weight rows: 262,144 rows
 bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K);
 int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
 size_t mma_act_bytes(int rows, int64_t K);
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s);
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
-              const float* bias, float* partial, cudaStream_t s);
+              const float* bias, float* partial, int* counters, cudaStream_t s);
 // x [rows, K] (ldx apart) rounded to 8-bit blocks of 32 into q8 (matvec_q8's activations).
 void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s);
 // How many ranges of K the batch products split a weight into: `blocks` of its rows, `slices` along K.
@@ -203,6 +206,10 @@ struct ArgmaxFeed {
 // or constrained decoding's bitmask of the indices that may win (bit i of allow[i / 32]).
 void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {},
             const uint32_t* allow = nullptr);
+// The same for `rows` rows of n (ldx apart; their masks ld_allow words apart), winners to out[0..rows): a launch
+// pair for as many rows as their partials fit the kArgmaxBlocks of scratch (26 of a 152k vocabulary), not a pair a row.
+void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
+                 const uint32_t* allow = nullptr, int64_t ld_allow = 0);
 // Each of `rows` rows of n floats (ld apart)'s k best values and their indices, into vals / ids [rows, k] (device
 // or host-mapped memory), ordered by value descending, then index ascending (the sampler's top_k); 0 < k < n,
 // k <= kTopKMax.  A NaN sets kNanLogit in *err and is never chosen.  scratch: top_k_scratch_bytes of device memory.
