@@ -12,7 +12,9 @@ For each batch size B, as llama-batched-bench measures it: B prompts of P tokens
 most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
 S is all B*(P+T) tokens over all the time.  minfer runs the batch step (BatchRunner) directly, greedy, its
 KV in one pool.  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
-over its time, against the machine's streaming-read rate (`roof`, the GPU's copy rate on the GPU).
+over its time, against the machine's streaming-read rate (`roof`, the GPU's copy rate on the GPU), and at the
+end where a decode step's host time went (BatchRunner.step_times: preparing, enqueuing, reading back -- on a GPU
+the wait -- and the rest, this script's own loop).
 
 --e2e B: B requests sent at once from B threads through LLM(max_sequences=B) (tokenizing, scheduling,
 sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's B*T / T for
@@ -86,11 +88,14 @@ def run_minfer(runner, P: int, T: int, B: int, after_prompts=lambda: None) -> di
     after_prompts()
     nxt = np.full(B, int(last[-1]), np.int32)
     ones = np.ones(B, np.int32)
+    h0 = runner.step_times()
     t0 = time.perf_counter()
     for k in range(T):
         nxt = runner.step_greedy(nxt, np.full(B, P + k, np.int32), ones, tables)
     t_tg = time.perf_counter() - t0
-    return dict(t_pp=t_pp, t_tg=t_tg, s_pp=B * P / t_pp, s_tg=B * T / t_tg, s=B * (P + T) / (t_pp + t_tg))
+    h1 = runner.step_times()
+    host = {k: (h1[k] - h0[k]) / T for k in ("prepare_s", "launch_s", "read_s")}  # a decode step's, seconds
+    return dict(t_pp=t_pp, t_tg=t_tg, s_pp=B * P / t_pp, s_tg=B * T / t_tg, s=B * (P + T) / (t_pp + t_tg), host=host)
 
 
 def run_llama(exe: str, path: str, threads: int, P: int, T: int, npl: list[int], ctx: int, extra: list[str]) -> dict:
@@ -287,6 +292,13 @@ def main():
               f"{ratio('s')} | {gbs:8.1f}  {rf}")
     if roof:
         print(f"# roof: {'streaming read' if a.device == 'cpu' else 'device copy'} {roof:.1f} GB/s; weights {wbytes / 1e6:.0f} MB, KV {kvt / 1024:.1f} KiB/token")
+    print("# a decode step on the host, ms: prepare (check, inputs) + launch (enqueue; CPU: run) + read back "
+          "(GPU: the wait) = in the runner; the rest of the wall time is this script's")
+    for B, r in results.items():
+        h, wall = r["host"], r["t_tg"] / T
+        inside = sum(h.values())
+        print(f"#   B={B:<3d} {h['prepare_s'] * 1e3:.3f} + {h['launch_s'] * 1e3:.3f} + {h['read_s'] * 1e3:.3f} = "
+              f"{inside * 1e3:.3f} of {wall * 1e3:.3f} (outside {(wall - inside) * 1e3:.3f})")
     if a.e2e:
         B = a.e2e
         tps = run_e2e(path, a.threads, P, T, B, a.device)

@@ -3,6 +3,7 @@ alone, paged attention against float64, the llama.cpp fixtures through the batch
 continuous-batching engine (minfer.batch.Engine): same tokens as one at a time, prefix caching,
 preemption, cancellation, 1,000 random requests, errors."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -369,6 +370,34 @@ def test_step_best_is_each_rows_best_of_the_step(device, rng):
     for k in (0, runner.best_max + 1, runner.n_vocab):
         with pytest.raises(minfer.MinferError, match="step_best: k"):
             runner.step_best(*args, k=k)
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_step_times_count_each_step_within_its_wall_time(device, rng):
+    """step_times sums the host's seconds in the steps by phase (prepare, launch, read back) and counts the steps
+    of every kind; the sums stay within the wall time around the calls, and a refused step counts nothing."""
+    if device == "cuda":
+        require_cuda()
+    runner = _minfer.BatchRunner(_minfer.Model(str(synthetic_model(TINY))), n_ctx=128, threads=2, kv_tokens=1024,
+                                 block_size=16, device=device)
+    t0 = runner.step_times()
+    assert t0 == dict(prepare_s=0.0, launch_s=0.0, read_s=0.0, steps=0)
+    lens = [5, 3]
+    args = (rng.integers(0, 1000, size=8).astype(np.int32), np.array([0, 1, 2, 3, 4, 0, 1, 2], np.int32),
+            np.array(lens, np.int32), tables_for(runner, [64, 64], rng))
+    wall = time.perf_counter()
+    runner.step(*args)
+    runner.step_greedy(*args)
+    runner.step_best(*args, k=40)
+    wall = time.perf_counter() - wall
+    t = runner.step_times()
+    assert t["steps"] == 3
+    phases = [t[k] for k in ("prepare_s", "launch_s", "read_s")]
+    assert all(p > 0.0 for p in phases) and sum(phases) <= wall
+    with pytest.raises(minfer.MinferError):
+        runner.step_greedy(np.array([runner.n_vocab], np.int32), np.array([9], np.int32), np.array([1], np.int32),
+                           tables_for(runner, [64], rng))
+    assert runner.step_times()["steps"] == 3
 
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])

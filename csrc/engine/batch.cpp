@@ -1,6 +1,7 @@
 #include "engine/batch.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "backends/kv_format.h"
 #include "common/error.h"
@@ -14,6 +15,7 @@ constexpr size_t kMaxPlans = 24;  // power-of-two shapes: a decode and a mixed-s
 // all of them up to it share one plan per sequence count: a plan per power of two of their tokens too gave a
 // long-running server new plans (and their memory) for hours, as rarer shapes came.
 constexpr int kMixedTokens = 512;
+double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 }  // namespace
 
 BatchRunner::BatchRunner(std::shared_ptr<Model> model, SchedulerOptions opts, int kv_tokens, int block_size,
@@ -89,6 +91,7 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
 
 Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                        const int32_t* tables, const int32_t* local_tables, bool sync) {
+    const double t0 = now_s();
     const ModelConfig& c = sched_.model().config();
     if (n_seqs < 1) throw MinferError("batch step: no sequences");
     if (n_local_blocks_ > 0 && !local_tables)
@@ -144,14 +147,24 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
         pl.write_input(InputKind::LocalTables, local_tables, n_seqs * max_blocks_);
     }
     if (pl.graph().params.n_seqs < pl.graph().params.n_tokens) pl.write_input(InputKind::OutRows, out_rows.data(), n_seqs);
+    const double t1 = now_s();
     sched_.run(pl, sync);
+    step_t0_ = now_s();
+    times_.prepare_s += t1 - t0;
+    times_.launch_s += step_t0_ - t1;
     return pl;
+}
+
+void BatchRunner::step_read_done() {
+    times_.read_s += now_s() - step_t0_;
+    times_.steps++;
 }
 
 void BatchRunner::step(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                        const int32_t* tables, const int32_t* local_tables, float* logits) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, true);
     pl.read_node(pl.graph().output, logits, size_t(n_seqs) * size_t(sched_.model().config().n_vocab));
+    step_read_done();
 }
 
 void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
@@ -159,6 +172,7 @@ void BatchRunner::step_greedy(const int32_t* tokens, const int32_t* positions, c
                               const Plan::AllowFn& allow) {
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, false);
     pl.argmax_rows(pl.graph().output, out, allow ? allow() : nullptr);
+    step_read_done();
 }
 
 void BatchRunner::step_best(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
@@ -168,6 +182,7 @@ void BatchRunner::step_best(const int32_t* tokens, const int32_t* positions, con
         throw MinferError(strfmt("step_best: k = %d (0 < k < %d, the vocabulary, and k <= %d)", k, n_vocab, kBestMax));
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, false);
     pl.top_k_rows(pl.graph().output, k, vals, ids);
+    step_read_done();
 }
 
 float* BatchRunner::logits_buffer(int rows) {

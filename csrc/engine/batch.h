@@ -67,6 +67,15 @@ class BatchRunner {
     Scheduler& scheduler() { return sched_; }
     int graph_builds() const { return graph_builds_; }
 
+    // Where the host's time in the steps went, summed over every step so far: checking the step and writing its
+    // inputs, enqueuing it (on the CPU: running it), and reading its result back (on a GPU: the wait for the
+    // device; a greedy step's masks are computed then).  A caller's wall time per step less these is its own.
+    struct StepTimes {
+        double prepare_s = 0.0, launch_s = 0.0, read_s = 0.0;
+        int64_t steps = 0;
+    };
+    const StepTimes& step_times() const { return times_; }
+
   private:
     Plan& run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
               const int32_t* tables, const int32_t* local_tables, bool sync);
@@ -81,6 +90,9 @@ class BatchRunner {
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
     int graph_builds_ = 0;
+    StepTimes times_;
+    double step_t0_ = 0.0;  // the running step's read-back starts here (steady clock, seconds)
+    void step_read_done();
     std::vector<float> logits_host_;  // logits_buffer() where the backend has no buffer of its own
     float* logits_buf_ = nullptr;
     int logits_rows_ = 0;

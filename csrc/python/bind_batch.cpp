@@ -126,6 +126,17 @@ void bind_batch(py::module_& m) {
              "copies a block's KV rows in every layer of its pool (copy-on-write): local, the sliding-window layers' own")
         .def_property_readonly_static("best_max", [](py::object) { return BatchRunner::kBestMax; },
                                       "the most best logits a row step_best returns")
+        .def("step_times", [](const BatchRunner& b) {
+            const BatchRunner::StepTimes& t = b.step_times();
+            py::dict d;
+            d["prepare_s"] = t.prepare_s;
+            d["launch_s"] = t.launch_s;
+            d["read_s"] = t.read_s;
+            d["steps"] = t.steps;
+            return d;
+        }, "the host's seconds in the steps so far, summed: prepare_s (checking the step, writing its inputs), "
+           "launch_s (enqueuing it; on the CPU, running it), read_s (reading the result back; on a GPU, the "
+           "wait), and the count of steps")
         .def_property_readonly("n_local_blocks", &BatchRunner::n_local_blocks)
         .def_property_readonly("n_blocks", &BatchRunner::n_blocks)
         .def_property_readonly("block_size", &BatchRunner::block_size)
