@@ -23,10 +23,14 @@ bool op_in_place_ok(Op op) {
 int Backend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     std::vector<float> v(n);
     read_host(id, offset, v.data(), n);
-    const int bad = first_nan(v.data(), int(n));
+    return argmax_of_row(v.data(), n, allow);
+}
+
+int argmax_of_row(const float* x, size_t n, const uint32_t* allow) {
+    const int bad = first_nan(x, int(n));
     if (bad >= 0) throw MinferError(strfmt("argmax: logit %d is NaN (the model produced NaN)", bad));
-    if (allow) return first_argmax_allowed(v.data(), int(n), allow);
-    return first_argmax(v.data(), int(n));  // the first of equal maxima, as the sampler's greedy
+    if (allow) return first_argmax_allowed(x, int(n), allow);
+    return first_argmax(x, int(n));  // the first of equal maxima, as the sampler's greedy
 }
 
 // Row r's k best by top_k (their order), their values beside them; a NaN in the row an error.

@@ -13,6 +13,8 @@ namespace minfer {
 
 // The k best of the n floats at x (top_k's order), their values beside them; a NaN among them is an error.
 void best_of_row(const float* x, size_t n, int k, float* vals, int32_t* ids);
+// Row x's greedy token (the first of equal maxima) among those allow permits (nullptr: all); a NaN an error.
+int argmax_of_row(const float* x, size_t n, const uint32_t* allow);
 
 class HostBackend : public Backend {
   public:

@@ -6,7 +6,6 @@
 #include "backends/cpu/matmul.h"
 #include "backends/cpu/ops.h"
 #include "common/error.h"
-#include "sampling/scan.h"
 
 namespace minfer {
 
@@ -29,10 +28,7 @@ void CpuBackend::argmax_rows(int id, size_t offset, size_t n, int rows, size_t l
         throw MinferError(strfmt("argmax: %d rows of %zu past the end of buffer %d", rows, n, id));
     const size_t words = (n + 31) / 32;
     pool_->parallel_for(rows, [&](int64_t r, int) {
-        const float* row = x + size_t(r) * ld;
-        const int bad = first_nan(row, int(n));
-        if (bad >= 0) throw MinferError(strfmt("argmax: logit %d is NaN (the model produced NaN)", bad));
-        out[r] = allow ? first_argmax_allowed(row, int(n), allow + size_t(r) * words) : first_argmax(row, int(n));
+        out[r] = argmax_of_row(x + size_t(r) * ld, n, allow ? allow + size_t(r) * words : nullptr);
     });
 }
 

@@ -162,11 +162,9 @@ std::vector<int> cuda_argmax(const float* x, int n, int rows, int reps, const ui
     if (allow) check(cudaMemcpyAsync(mask.p, allow, words * size_t(rows) * 4, cudaMemcpyHostToDevice, s), "uploading");
     check(cudaMemsetAsync(err.p, 0, 4, s), "zeroing the error word");
     const uint32_t* m = allow ? (const uint32_t*)mask.p : nullptr;
-    for (int i = 0; i < reps; i++) {
-        int* o = (int*)out.p + size_t(i) * size_t(rows);
-        if (rows == 1) cuda::argmax((const float*)dx.p, n, o, part.p, (uint32_t*)err.p, s, {}, m);
-        else cuda::argmax_rows((const float*)dx.p, n, n, rows, o, part.p, (uint32_t*)err.p, s, m, int64_t(words));
-    }
+    for (int i = 0; i < reps; i++)  // one row: the same launches as cuda::argmax (decode's)
+        cuda::argmax_rows((const float*)dx.p, n, n, rows, (int*)out.p + size_t(i) * size_t(rows), part.p,
+                          (uint32_t*)err.p, s, m, int64_t(words));
     Timer t;
     check(cudaEventRecord(t.b, s), "recording an event");
     waits.on(t.b, "running the argmax");
