@@ -148,6 +148,40 @@ def test_cuda_batch_products_of_a_layout_by_rows(force):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("n,n_ctx", [(5, 1024), (64, 64)], ids=["combined", "unsplit"])
+def test_cuda_batch_step_converts_no_activations(n, n_ctx):
+    """A CUDA batch step of one token a sequence (the 1.5B layout) launches no conversion of its products' inputs
+    (mma_act): the norms, the attention (its combine, or the unsplit tensor-core kernel: 5 sequences of 1024
+    positions split the keys, 64 of 64 do not) and the SwiGLU write them in gemm_mma's layout for the product
+    after them; q, k and v (gate and up) of one weight type share a launch.  The logits stay within the bound of
+    the CUDA forward pass against the CPU's."""
+    require_cuda()
+    path = layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")
+    model = _minfer.Model(str(path))
+    types = {k: t.type for k, t in minfer.gguf.open(str(path)).tensors.items()}
+    # q, k and v in one launch where they share a weight type (else a launch each), gate and up alike; o, down
+    def shared(i, names):
+        return 1 if len({types[f"blk.{i}.{w}.weight"] for w in names}) == 1 else len(names)
+    launches = 1 + sum(shared(i, ("attn_q", "attn_k", "attn_v")) + shared(i, ("ffn_gate", "ffn_up")) + 2
+                       for i in range(28))
+    ids = np.arange(100, 100 + 2 * n, dtype=np.int32).reshape(2, n)
+    out = {}
+    for device in ("cuda", "cpu"):
+        runner = _minfer.BatchRunner(model, n_ctx=n_ctx, threads=2, kv_tokens=n * n_ctx, block_size=32, device=device)
+        tables = np.arange(n * runner.max_blocks, dtype=np.int32).reshape(n, runner.max_blocks)
+        runner.step(ids[0], np.zeros(n, np.int32), np.ones(n, np.int32), tables)
+        before = _minfer.cuda_launch_counts()
+        out[device] = runner.step(ids[1], np.ones(n, np.int32), np.ones(n, np.int32), tables)
+        launched = {k: v - before.get(k, 0) for k, v in _minfer.cuda_launch_counts().items()}
+        if device == "cuda":
+            assert launched.get("mma_act", 0) == 0, launched
+            assert launched["gemm_mma"] == launches
+    scale = np.abs(out["cpu"]).max()
+    d = np.abs(out["cuda"] - out["cpu"]).max()
+    assert d <= 3e-2 * scale, (d, scale)
+
+
+@pytest.mark.gpu
 def test_cuda_two_sequences_are_each_alone(force):
     """A CUDA batch of two sequences (the 1.5B layout: Q4_K/Q6_K products on the matvec's two-row kernel) gives
     each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows): the

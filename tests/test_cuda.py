@@ -276,6 +276,45 @@ def test_add_rmsnorm(q15, rng, rows):
     close(fused[:, 1536:], ref[3], 1e-5)
 
 
+@pytest.mark.parametrize("rows", [3, 9, 64])
+def test_batch_products_take_the_bf16_their_producer_wrote(q15, rng, rows):
+    """A batch step's norm (AddRmsNorm) and SwiGLU also write their output in gemm_mma's bf16 layout for the
+    product right after them, which then launches no conversion (mma_act) of its own: the q/k/v and gate/up
+    products after a norm and the down product after the SwiGLU give the bits they give when each node runs
+    alone and converts its input itself."""
+    m, s = q15
+    a, b = (rng.standard_normal((2, rows, 1536)) * 3).astype(np.float32)
+    L = "blk.5."  # its v is Q6_K
+
+    def norm(w, **meta):
+        return dict(op="AddRmsNorm", inputs=[0, 1], rows=rows, cols=2 * 1536, meta=dict(weight=L + w, eps=1e-6, **meta))
+    qkv = dict(op="FusedQKV", rows=rows, cols=1536 + 512, meta=dict(
+        wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+        bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256))
+    ffn = dict(op="FusedFFN", rows=rows, cols=8960, meta=dict(w_gate=L + "ffn_gate.weight", w_up=L + "ffn_up.weight",
+                                                            feeds=L + "ffn_down.weight"))
+    down = dict(op="MatMul", rows=rows, cols=1536, meta=dict(weight=L + "ffn_down.weight"))
+
+    def mma_acts(run):
+        before = M.cuda_launch_counts().get("mma_act", 0)
+        out = run()
+        return out, M.cuda_launch_counts().get("mma_act", 0) - before
+
+    chained, n = mma_acts(lambda: s.run_ops("cuda", [a, b], [norm("attn_norm.weight", feeds_q=L + "attn_q.weight",
+                                                                   feeds=L + "attn_q.weight"),
+                                                              dict(qkv, inputs=[(2, 1536, 1536)])])
+                          + s.run_ops("cuda", [a, b], [norm("ffn_norm.weight", feeds=L + "ffn_gate.weight"),
+                                                       dict(ffn, inputs=[(2, 1536, 1536)]), dict(down, inputs=[3])])[2:])
+    assert n == 0
+    y_attn, y_ffn = chained[2][:, 1536:].copy(), chained[4][:, 1536:].copy()  # [a, b, norm, qkv, norm, ffn, down]
+    alone, n = mma_acts(lambda: [s.run_ops("cuda", [y_attn], [dict(qkv, inputs=[0])])[-1],
+                                 s.run_ops("cuda", [y_ffn], [dict(ffn, inputs=[0])])[-1],
+                                 s.run_ops("cuda", [chained[5]], [dict(down, inputs=[0])])[-1]])
+    assert n == 3
+    for got, want in zip((chained[3], chained[5], chained[6]), alone):
+        assert np.isfinite(want).all() and np.array_equal(got, want)
+
+
 def test_bad_token_id_is_an_error(q15):
     m, s = q15
     with pytest.raises(minfer.MinferError, match="token id is out of range"):

@@ -208,6 +208,10 @@ def test_plan_inspection_and_fusion(qwen2):
     fused = rope_q["inputs"][0]
     assert plan.nodes[fused[0]]["op"] == "FusedQKV" and fused[1:] == (0, 128)  # q's window of [q|k|v]
     assert "op x backend" in plan.trace()
+    # what the fusion pass tells a node of the projection that reads it (a GPU writes that product's input)
+    feeds = {n["name"]: n.get("feeds") for n in plan.nodes if n["op"] in ("Attn", "FusedFFN")}
+    assert feeds == {f"blk.{i}.{node}": f"blk.{i}.{w}.weight" for i in (0, 1)
+                     for node, w in (("attn", "attn_output"), ("ffn_gate_up", "ffn_down"))}, feeds
     unfused = M.Session(qwen2, threads=2, n_ctx=32, fuse=False).plan(1)
     assert unfused.fusions == 0 and "FusedQKV" not in [n["op"] for n in unfused.nodes]
 

@@ -271,16 +271,22 @@ struct Fuser {
     }
 
     // What a kernel needs to know of its consumers: an AddRmsNorm whose norm feeds a layer's q/k/v
-    // projection records that projection's q weight (the CUDA backend times the next launch by its type).
+    // projection records that projection's q weight (the CUDA backend times the next launch by its type); an
+    // AddRmsNorm, Attn or FusedFFN read by a projection records its (first) weight (the CUDA backend writes a
+    // batch product's activations for it where its type takes that product).
     void annotate() {
         count_consumers();
         for (size_t i = 0; i < g.nodes.size(); i++) {
             Node& N = g.nodes[i];
-            if (dead[i] || N.op != Op::AddRmsNorm) continue;
+            if (dead[i] || (N.op != Op::AddRmsNorm && N.op != Op::Attn && N.op != Op::FusedFFN)) continue;
             for (int c : consumers[i]) {
                 const Node& C = at(c);
-                if (C.op == Op::FusedQKV || C.op == Op::FusedQkvNorm || C.op == Op::FusedQkvRope) N.meta.feeds_q = C.meta.wq;
-                else if (C.op == Op::MatMul && C.meta.role == Role::Q) N.meta.feeds_q = C.meta.weight;
+                const bool qkv = C.op == Op::FusedQKV || C.op == Op::FusedQkvNorm || C.op == Op::FusedQkvRope;
+                if (N.op == Op::AddRmsNorm && qkv) N.meta.feeds_q = C.meta.wq;
+                else if (N.op == Op::AddRmsNorm && C.op == Op::MatMul && C.meta.role == Role::Q) N.meta.feeds_q = C.meta.weight;
+                if (qkv) N.meta.feeds = C.meta.wq;
+                else if (C.op == Op::FusedFFN) N.meta.feeds = C.meta.w_gate;
+                else if (C.op == Op::MatMul) N.meta.feeds = C.meta.weight;
             }
         }
     }

@@ -92,6 +92,8 @@ struct NodeMeta {
     int block_size = 0;            // Attn of a batch step: tokens per KV block (0: one contiguous sequence)
     int src_row = 0;               // TailRow: which row of the input
     std::string feeds_q;           // AddRmsNorm: the q weight of the q/k/v projection its norm feeds (fuse sets it)
+    std::string feeds;             // AddRmsNorm, Attn, FusedFFN: the (first) weight of the projection reading the output
+                                   // (fuse sets it; the CUDA backend writes a batch product's input for it)
 };
 
 struct Node {

@@ -97,6 +97,9 @@ void bind_devices(py::module_& m) {
     }, py::arg("x"), py::arg("k"), py::arg("iters") = 0,
        "(values, ids, nan, seconds per call): each row's k best by value descending, then id, on the GPU (a "
        "sampled batch step's read-back); timed over `iters` calls when > 0");
+
+    m.def("cuda_launch_counts", [] { return cuda_launch_counts(); },
+          "{kernel name: launches} this process has made on the GPU (graph replays launch nothing here)");
 }
 
 }  // namespace minfer

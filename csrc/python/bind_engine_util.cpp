@@ -30,6 +30,7 @@ py::dict node_dict(const Node& n) {
     for (const std::string& w : Graph::weights_of(n)) ws.append(w);
     d["weights"] = ws;
     if (!n.meta.feeds_q.empty()) d["feeds_q"] = n.meta.feeds_q;
+    if (!n.meta.feeds.empty()) d["feeds"] = n.meta.feeds;
     return d;
 }
 
@@ -88,6 +89,7 @@ void meta_from(NodeMeta& m, const py::dict& d) {
             m.role = Role(i);
         }
         else if (k == "feeds_q") m.feeds_q = py::str(v);
+        else if (k == "feeds") m.feeds = py::str(v);
         else throw py::value_error("unknown node meta key '" + k + "'");
     }
 }

@@ -24,6 +24,7 @@
 #include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
 #include "backends/cuda/matvec_rows.cuh"
+#include "backends/cuda/mma_act.cuh"
 #include "quant/types.h"
 
 namespace minfer::cuda {
@@ -159,9 +160,9 @@ int attention_splits(const AttnShape& a) {
 }
 
 static void launch_combine(const AttnShape& a, int S, const int32_t* pos, const float* scratch, float* out,
-                           int64_t ldo, Q8Act q8, cudaStream_t s) {
+                           int64_t ldo, Q8Act q8, cudaStream_t s, MmaAct xb = {}) {
     launch("attention_combine", attention_combine_kernel, dim3(unsigned(a.n_head), unsigned(a.rows)), dim3(128),
-           size_t(S) * sizeof(float), s, a, S, pos, scratch, out, ldo, q8);
+           size_t(S) * sizeof(float), s, a, S, pos, scratch, out, ldo, q8, xb);
 }
 
 size_t attention_scratch_floats(const AttnShape& a) {
@@ -186,7 +187,7 @@ void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* p
     const unsigned C = !tc && fast && decode_f16_kernel_on() && S > 1 ? unsigned(cluster_merge_splits(a, S)) : 0u;
     if (tc) {
         launch_decode_tc(a, dim3(unsigned(a.n_head_kv), 1u, unsigned(S)), s, q, pos, (const __half*)K,
-                         (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0));
+                         (const __half*)V, out, scratch, err, KvPages{}, int64_t(0), int64_t(0), MmaAct{});
     } else if (C) {  // one cluster of C splits a head, merging in distributed shared memory
         launch_in_clusters("attention_decode_cl", a.head_dim == 64 ? attention_decode_f16_cl<64> : attention_decode_f16_cl<128>,
                            dim3(unsigned(a.n_head), 1u, C), dim3(kThreads), 0, s, C, a, q, pos, (const __half*)K,
@@ -220,17 +221,20 @@ size_t attention_paged_scratch_floats(const AttnShape& a) {
     return S > 1 ? size_t(a.rows) * size_t(a.n_head) * size_t(S) * size_t(a.head_dim + 2) : 0;
 }
 
-void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
+bool attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
-                     cudaStream_t s) {
+                     cudaStream_t s, MmaAct xb) {
     check_heads(a);
+    if (xb.p && (xb.rows != a.rows || (int64_t(a.n_head) * a.head_dim) % kMmaChunk))
+        throw MinferError(strfmt("CUDA attention_paged: gemm_mma's layout of %d rows for %d rows of %d (a multiple of "
+                                 "%d)", xb.rows, a.rows, a.n_head * a.head_dim, kMmaChunk));
     const bool tc = pages.block_size % 16 == 0 && decode_tc_on(a);  // a warp's 16 positions in one pool block
     // splits past a row's position exit at once
     const int S = tc ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;
     check_splits(a, S);
     if (tc) {
         launch_decode_tc(a, dim3(unsigned(a.n_head_kv), unsigned(a.rows), unsigned(S)), s, q, pos, (const __half*)K,
-                         (const __half*)V, out, scratch, err, pages, ldq, ldo);
+                         (const __half*)V, out, scratch, err, pages, ldq, ldo, xb);
     } else if (a.kv_type == GGML_TYPE_F16 && (a.head_dim == 64 || a.head_dim == 128) && pages.block_size % 32 == 0 &&
         a.window == 0 && decode_f16_kernel_on()) {
         const int group = paged_head_group(a, S);
@@ -241,7 +245,8 @@ void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
     } else
         launch("attention_paged", attention_kernel, dim3(unsigned(a.n_head), unsigned(a.rows), unsigned(S)),
                dim3(kThreads), 0, s, a, q, ldq, pos, (const uint8_t*)K, (const uint8_t*)V, out, ldo, scratch, err, pages);
-    if (S > 1) launch_combine(a, S, pos, scratch, out, ldo, Q8Act{}, s);
+    if (S > 1) launch_combine(a, S, pos, scratch, out, ldo, Q8Act{}, s, xb);
+    return xb.p && (S > 1 || tc);
 }
 
 }  // namespace minfer::cuda

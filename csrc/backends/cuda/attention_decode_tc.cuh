@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc(AttnShape a, con
                                                                 const __half* K,
                                                                 const __half* V, float* __restrict__ out,
                                                                 float* __restrict__ partial, uint32_t* err, KvPages pg,
-                                                                int64_t ldq, int64_t ldo) {
+                                                                int64_t ldq, int64_t ldo, MmaAct xb) {
     constexpr int W = kThreads / 32, KC = HD / 32, MT = HD / 16;
     __shared__ float wm[W][kTcGroup], wl[W][kTcGroup];
     __shared__ __align__(16) float wo[W][kTcGroup][HD];
@@ -81,8 +81,12 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc(AttnShape a, con
         if (threadIdx.x == 0) atomicOr(err, kBadPosition);
         for (int e = threadIdx.x; e < G * HD; e += kThreads) {
             const int h = h0 + e / HD, d = e % HD;
-            if (S == 1) out[int64_t(r) * ldo + int64_t(h) * HD + d] = 0.0f;
-            else part(h)[2 + d] = 0.0f;
+            if (S == 1) {
+                out[int64_t(r) * ldo + int64_t(h) * HD + d] = 0.0f;
+                if (xb.p) mma_act_store((__nv_bfloat16*)xb.p, xb.rows, r, int64_t(h) * HD + d, 0.0f);
+            } else {
+                part(h)[2 + d] = 0.0f;
+            }
         }
         if (S > 1 && threadIdx.x < G) part(h0 + threadIdx.x)[0] = -INFINITY, part(h0 + threadIdx.x)[1] = 0.0f;
         return;
@@ -215,8 +219,10 @@ __global__ void __launch_bounds__(kThreads) attention_decode_tc(AttnShape a, con
             L += f * wl[w][hh];
             acc += f * wo[w][hh][d];
         }
-        if (S == 1) {
-            out[int64_t(r) * ldo + int64_t(h) * HD + d] = L > 0.0f ? acc / L : 0.0f;
+        if (S == 1) {  // with xb.p, also in gemm_mma's layout (a batch step's O product)
+            const float o = L > 0.0f ? acc / L : 0.0f;
+            out[int64_t(r) * ldo + int64_t(h) * HD + d] = o;
+            if (xb.p) mma_act_store((__nv_bfloat16*)xb.p, xb.rows, r, int64_t(h) * HD + d, o);
         } else {
             float* pp = part(h);
             pp[2 + d] = acc;

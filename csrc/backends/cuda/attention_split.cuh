@@ -119,10 +119,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnShape a, const 
 // one pass of independent loads: a few memory round trips, not one per split.
 // With q8.q the merged output is also rounded to 8-bit blocks of 32 (a warp
 // holds 32 consecutive values of the head: head_dim % 32 == 0), for the O
-// projection.
+// projection; with xb.p, written in gemm_mma's layout (a batch step's O product).
 __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __restrict__ pos,
                                          const float* __restrict__ partial, float* __restrict__ out, int64_t ldo,
-                                         Q8Act q8) {
+                                         Q8Act q8, MmaAct xb) {
     extern __shared__ float wz[];  // [S]: exp(m_z - M)
     __shared__ float L_all;
     const int h = blockIdx.x, r = blockIdx.y, hd = a.head_dim, lane = threadIdx.x & 31;
@@ -161,5 +161,6 @@ __global__ void attention_combine_kernel(AttnShape a, int S, const int32_t* __re
         const int64_t col = int64_t(h) * hd + d, K = int64_t(a.n_head) * hd;
         out[int64_t(r) * ldo + col] = o;
         if (q8.q) quantize_lane(o, q8.q + r * K + col, q8.ds + r * (K / 32) + col / 32);
+        if (xb.p) mma_act_store((__nv_bfloat16*)xb.p, xb.rows, r, col, o);
     }
 }

@@ -8,6 +8,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
 
 #include "common/error.h"
 
@@ -126,6 +129,17 @@ inline bool pdl_enabled() {
     return on;
 }
 
+// Launches so far by kernel name, this process (cuda_launch_counts: tests see which kernels a step runs; a graph's
+// replays launch nothing here).
+struct LaunchCounts {
+    std::mutex m;
+    std::map<std::string, long> n;
+};
+inline LaunchCounts& launch_counts() {
+    static LaunchCounts c;
+    return c;
+}
+
 // cluster_z > 0: thread-block clusters of (1, 1, cluster_z) blocks (grid.z a multiple of it).
 template <typename... P, typename... A>
 void launch_in_clusters(const char* name, void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s,
@@ -152,6 +166,9 @@ void launch_in_clusters(const char* name, void (*kernel)(P...), dim3 grid, dim3 
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, P(args)...);
     if (e != cudaSuccess) throw MinferError(strfmt("CUDA: launching %s failed: %s", name, cudaGetErrorString(e)));
     check_launch(name);
+    LaunchCounts& c = launch_counts();
+    std::lock_guard<std::mutex> lock(c.m);
+    c.n[name]++;
 }
 
 template <typename... P, typename... A>

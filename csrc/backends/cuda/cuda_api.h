@@ -4,6 +4,7 @@
 // cuda_stub.cpp, which reports why there is no device.
 #pragma once
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,5 +48,8 @@ std::vector<int> cuda_argmax(const float* x, int n, int rows, int reps, const ui
 // was flagged; with iters > 0 the call is then timed that many times.
 void cuda_top_k(const float* x, int n, int rows, int k, float* vals, int32_t* ids, bool* nan, int iters = 0,
                 double* seconds_per_call = nullptr);
+
+// How many launches of each CUDA kernel (by name) this process has made (not counting graph replays).
+std::map<std::string, long> cuda_launch_counts();
 
 }  // namespace minfer

@@ -246,6 +246,7 @@ void CudaBackend::wait(cudaEvent_t ev, const char* what) {
 
 void CudaBackend::synchronize() {
     usable();
+    forget_prepared();
     check(cudaEventRecord(done_, stream_), "recording an event");
     wait(done_, "synchronize");
     const uint32_t e = *(volatile uint32_t*)err_host_;
@@ -378,6 +379,7 @@ bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int
 
 void CudaBackend::write_host(int id, size_t offset, const float* src, size_t n) {
     usable();
+    forget_prepared();
     // Pageable source: CUDA stages it before returning, so `src` may be reused at once.
     check(cudaMemcpyAsync((float*)raw(id) + offset, src, n * 4, cudaMemcpyHostToDevice, stream_), "writing a buffer");
 }

@@ -161,17 +161,26 @@ class CudaBackend : public Backend {
     size_t allow_words_ = 0;
     std::vector<__half*> wscratch_, xscratch_;  // one live pointer each (vector: freed lazily)
     std::vector<float*> ascratch_, fscratch_, kscratch_;  // attention partials; f32 staging; split-K partials
-    std::vector<float*> qscratch_;                        // decode's 8-bit activations
+    std::vector<float*> qscratch_;  // decode's 8-bit activations, or a batch product's bf16 ones (mma_act's layout)
     size_t wscratch_n_ = 0, xscratch_n_ = 0, ascratch_n_ = 0, fscratch_n_ = 0, kscratch_n_ = 0, qscratch_n_ = 0;
     bool decode_q8_ = true;  // decode_q8() when the backend was made
-    // The 8-bit activations an AddRmsNorm left in qscratch_ (its norm window), for the node right after it
-    // (the projection that reads the norm) to skip quantizing them again.
+    // The activations a node left in qscratch_ for the node right after it (the projection that reads them) to
+    // skip converting them again: decode's 8-bit ones of an AddRmsNorm's norm window (prequant_), a batch
+    // product's bf16 ones of a norm window or a SwiGLU's output (premma_); pending_*: the last node's.
     struct Prequant {
         const float* x = nullptr;
         int64_t ld = 0, K = 0;
         int rows = 0;
+        bool of(const float* x_, int64_t ld_, int64_t K_, int rows_) const {
+            return x == x_ && ld == ld_ && K == K_ && rows == rows_;
+        }
     };
-    Prequant prequant_, pending_;
+    Prequant prequant_, pending_, premma_, pending_mma_;
+    // Anything but the next node (new inputs, a graph replayed or recorded, a wait) ends what a node prepared.
+    void forget_prepared() { prequant_ = premma_ = Prequant{}; }
+    // Whether a product of `rows` rows of weights gemm_mma takes runs on it (project()'s rule for a batch step).
+    bool takes_mma(int rows) const;
+    cuda::MmaAct mma_act_for(const std::string& w, int rows, int64_t K);
     std::map<uint64_t, cudaGraphExec_t> graphs_;
     std::set<uint64_t> seen_;
     bool graphs_on_ = true, capturing_ = false, failed_ = false;

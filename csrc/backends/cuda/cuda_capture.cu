@@ -8,6 +8,7 @@ namespace minfer::cuda_host {
 
 bool CudaBackend::replay_split(uint64_t key) {
     usable();
+    forget_prepared();
     auto it = graphs_.find(key);
     if (it == graphs_.end()) return false;
     recent_[recent_at_] = strfmt("graph replay of split %llu", (unsigned long long)(key & 0xfffff));
@@ -18,6 +19,7 @@ bool CudaBackend::replay_split(uint64_t key) {
 
 bool CudaBackend::begin_capture(uint64_t key) {
     usable();
+    forget_prepared();
     if (!graphs_on_) return false;
     if (seen_.insert(key).second) return false;  // first run: plain launches (scratch sizes settle)
     check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "beginning a graph capture");

@@ -134,6 +134,12 @@ std::vector<float> cuda_matmul(uint32_t type, const uint8_t* w, size_t w_bytes, 
     return y;
 }
 
+std::map<std::string, long> cuda_launch_counts() {
+    cuda::LaunchCounts& c = cuda::launch_counts();
+    std::lock_guard<std::mutex> lock(c.m);
+    return c.n;
+}
+
 double cuda_copy_bandwidth(size_t bytes, int iters) {
     if (!cuda_device_info().available) throw MinferError(cuda_device_info().reason);
     Waits waits;

@@ -2,6 +2,7 @@
 // RoPE and the KV store, attention and elementwise ops, each enqueued on the backend's stream.  Reference:
 // tests/test_cuda.py (each op against the reference backend; forward passes against the CPU and llama.cpp).
 #include "backends/cuda/cuda_backend.cuh"
+#include "backends/cuda/mma_act.cuh"
 
 namespace minfer::cuda_host {
 
@@ -11,6 +12,25 @@ CudaBackend::Proj CudaBackend::proj(const std::string& w, const std::string& bia
         throw MinferError(strfmt("CUDA: %lld outputs from weight '%s' of %lld rows", (long long)n_out, w.c_str(),
                                  (long long)dw.rows));
     return Proj{&dw, bias.empty() ? nullptr : (const float*)weight(bias).p, n_out, y_col};
+}
+
+// A batch step's products (2-64 rows): two rows of Q4_K/Q6_K weights the 8-bit matvec's rows kernel, which
+// streams each weight once for both rows as decode does for one; from kGemmMmaMinRows the bf16 tensor cores
+// on shared-memory stages (gemm_mma: Q4_K, Q6_K, Q8_0); other types int8 on 8-bit activations (gemm_q8).
+// cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is an error.
+bool CudaBackend::takes_mma(int rows) const {
+    const std::string choice = forced_kernel("cuda.batch_matmul");
+    return rows > 1 && rows <= cuda::kGemmMmaMaxRows &&
+           (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows));
+}
+
+// Scratch for a batch product's bf16 activations that the node before it writes: where the projection reading
+// them (its first weight w) takes gemm_mma at `rows` rows of K; else none.
+cuda::MmaAct CudaBackend::mma_act_for(const std::string& w, int rows, int64_t K) {
+    if (w.empty() || !takes_mma(rows) || K % cuda::kMmaChunk) return {};
+    auto it = weights_.find(w);
+    if (it == weights_.end() || !cuda::gemm_mma_fits(it->second.type, rows, K)) return {};
+    return {scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4), rows};
 }
 
 bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector<Proj>& parts, bool swiglu,
@@ -25,8 +45,16 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     const int64_t ldy = a.out.ld;
     // The matrix paths' loop: each part's product into its columns of y (a SwiGLU pair's up half into scratch,
     // then the gate's product times it), K split where splits_of says: run(part, y, ldy, bias, partial).
+    float* up = nullptr;  // a SwiGLU pair's up half
+    auto glu = [&] {      // then gate's product times it, in place
+        const int64_t n = parts[1].n_out;
+        const cuda::MmaAct xb = mma_act_for(node.meta.feeds, rows, n);  // the down projection's, if gemm_mma's
+        cuda::elementwise(node.meta.act == Act::Gelu ? Ew::GeGLU : Ew::SwiGLU, y, ldy, up, n, y, ldy, rows, int(n),
+                          stream_, 1.0f, xb);
+        if (xb.p) premma_ = Prequant{y, ldy, n, rows};
+    };
     auto each_part = [&](auto splits_of, auto run) {
-        float* up = swiglu ? scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out)) : nullptr;
+        if (swiglu) up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
         for (size_t i = 0; i < parts.size(); i++) {
             const Proj& p = parts[i];
             const int splits = splits_of(p);
@@ -35,23 +63,16 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             if (swiglu && i == 1) run(p, up, p.n_out, nullptr, partial);
             else run(p, y + p.y_col, ldy, p.bias, partial);
         }
-        if (swiglu)
-            cuda::elementwise(node.meta.act == Act::Gelu ? Ew::GeGLU : Ew::SwiGLU, y, ldy, up, parts[1].n_out, y, ldy, rows,
-                              int(parts[1].n_out), stream_);
+        if (swiglu) glu();
         return false;
     };
-    // A batch step's products (2-64 rows): two rows of Q4_K/Q6_K weights the 8-bit matvec's rows kernel, which
-    // streams each weight once for both rows as decode does for one; from kGemmMmaMinRows the bf16 tensor cores
-    // on shared-memory stages (gemm_mma: Q4_K, Q6_K, Q8_0); other types int8 on 8-bit activations (gemm_q8).
-    // cuda.batch_matmul forces one, or f16 (gemm_q); a forced kernel these weights lack is an error.
     const std::string choice = forced_kernel("cuda.batch_matmul");
     auto all_parts = [&](bool (*fits)(uint32_t, int64_t, int64_t)) {
         for (const Proj& p : parts)
             if (!fits(p.w->type, rows, K)) return false;
         return true;
     };
-    const bool bf16 = rows > 1 && (choice == "bf16" || (choice.empty() && rows >= cuda::kGemmMmaMinRows)) &&
-                      all_parts(cuda::gemm_mma_fits);
+    const bool bf16 = takes_mma(rows) && all_parts(cuda::gemm_mma_fits);
     const bool two_rows = rows > 1 && !bf16 && (choice == "matvec" || (choice.empty() && decode_q8_)) &&
                           all_parts(cuda::matvec_q8_rows_fits);
     const bool mma = rows > 1 && !bf16 && !two_rows && (choice == "int8" || (choice.empty() && decode_q8_)) &&
@@ -60,9 +81,28 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         ((choice == "int8" && !mma) || (choice == "bf16" && !bf16) || (choice == "matvec" && !two_rows)))
         throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
                                  node.name.c_str(), choice.c_str(), rows));
-    if (bf16) {  // x in bf16, laid out by mma_act
+    if (bf16) {  // x in bf16, laid out by mma_act (or already, by the kernel before)
         void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
-        cuda::mma_act(x, ldx, rows, K, xb, stream_);
+        if (!pending_mma_.of(x, ldx, K, rows)) cuda::mma_act(x, ldx, rows, K, xb, stream_);
+        // weights of one type in one launch (q, k and v; gate and up: one tail of a wave, not one each)
+        const uint32_t type = parts[0].w->type;
+        bool one_type = parts.size() <= size_t(cuda::kMmaMaxParts);
+        for (const Proj& p : parts) one_type = one_type && p.w->type == type;
+        if (one_type) {
+            if (swiglu) up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
+            cuda::MmaPart mp[cuda::kMmaMaxParts];
+            const int n = int(parts.size());
+            for (int i = 0; i < n; i++) {
+                const Proj& p = parts[size_t(i)];
+                const bool into_up = swiglu && i == 1;
+                mp[i] = {p.w->p, p.n_out, into_up ? up : y + p.y_col, into_up ? p.n_out : ldy, into_up ? nullptr : p.bias};
+            }
+            const size_t need = cuda::gemm_mma_partial_floats(type, rows, mp, n, K);
+            float* partial = need ? scratch(kscratch_, kscratch_n_, need) : nullptr;
+            cuda::gemm_mma(type, xb, rows, K, mp, n, partial, split_counters_, stream_);
+            if (swiglu) glu();
+            return false;
+        }
         return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
                              cuda::gemm_mma(p.w->type, xb, rows, K, p.w->p, p.n_out, out, ld, bias, partial,
@@ -72,8 +112,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     if (mma) {
         const cuda::Q8Act xq =
             cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4), rows, K);
-        const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
-        if (!ready) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
+        if (!pending_.of(x, ldx, K, rows)) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
         return each_part([&](const Proj& p) { return cuda::gemm_q8_splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
                              cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
@@ -98,7 +137,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             m.x = x;
             m.ldx = ldx;
             float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
-            const bool ready = pending_.x == x && pending_.ld == ldx && pending_.K == K && pending_.rows == rows;
+            const bool ready = pending_.of(x, ldx, K, rows);
             if (rope) {
                 m.rope = *rope;
                 if (!cuda::matvec_q8_rope_fusable(m)) m.rope = cuda::QkvRopeEpilogue{};
@@ -142,6 +181,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
     usable();
     pending_ = prequant_;  // valid for this node only
     prequant_ = Prequant{};
+    pending_mma_ = premma_;
+    premma_ = Prequant{};
     recent_[recent_at_] = node.name;
     recent_at_ = (recent_at_ + 1) % recent_.size();
     const NodeMeta& m = node.meta;
@@ -230,17 +271,21 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                   stream_);
         case Op::AddRmsNorm: {
             const int n = cols / 2;
-            cuda::Q8Act q8;  // decode: also the norm as the next projection's 8-bit activations
-            if (decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
-                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
-                                  rows, n);
             // whether the norm feeds a q/k/v projection, and whether its q rows are Q4_K (the pipe kernel's:
             // the launch rule of add_norm_kernel)
             const bool feeds_qkv = !m.feeds_q.empty();
             auto wq = feeds_qkv ? weights_.find(m.feeds_q) : weights_.end();
             const bool q4k = wq != weights_.end() && wq->second.type == GGML_TYPE_Q4_K;
-            cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
-                              (const float*)weight(m.weight).p, m.eps, q8, stream_, feeds_qkv, q4k);
+            // A batch step's norm is also written in gemm_mma's layout where the projection after it takes that
+            // product; decode's, as the next projection's 8-bit activations.
+            cuda::MmaAct xb = mma_act_for(m.feeds, rows, n);
+            cuda::Q8Act q8;
+            if (!xb.p && decode_q8_ && rows <= kMatvecMaxRows && n % 64 == 0)
+                q8 = cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, n) + 3) / 4),
+                                  rows, n);
+            if (cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
+                                  (const float*)weight(m.weight).p, m.eps, q8, stream_, feeds_qkv, q4k, xb))
+                premma_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
             if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
             return;
         }
@@ -259,8 +304,11 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 const size_t need = cuda::attention_paged_scratch_floats(s);
                 float* sc = need ? scratch(ascratch_, ascratch_n_, need) : nullptr;
                 cuda::KvPages pg{(const int32_t*)at(a.in[3]), (const int32_t*)at(a.in[4]), max_blocks, m.block_size};
-                return cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
-                                             raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_);
+                const cuda::MmaAct xb = mma_act_for(m.feeds, rows, cols);  // the O projection's, where it takes gemm_mma
+                if (cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
+                                          raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_, xb))
+                    premma_ = Prequant{at(a.out), a.out.ld, cols, rows};
+                return;
             }
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale, m.window, m.kv_ring};
             const size_t need = attention_scratch_floats(s);

@@ -31,4 +31,6 @@ void cuda_top_k(const float*, int, int, int, float*, int32_t*, bool*, int, doubl
     throw MinferError(cuda_device_info().reason);
 }
 
+std::map<std::string, long> cuda_launch_counts() { return {}; }  // no backend, no launches
+
 }  // namespace minfer

@@ -6,6 +6,7 @@
 
 #include "backends/cuda/dequant.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/mma_act.cuh"
 
 namespace minfer::cuda {
 
@@ -14,7 +15,7 @@ namespace {
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 
 __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t lda, const float* __restrict__ b,
-                                   int64_t ldb, float* y, int64_t ldy, int cols, float scale) {
+                                   int64_t ldb, float* y, int64_t ldy, int cols, float scale, MmaAct xb) {
     pdl_start();
     const int r = blockIdx.y;
     const int c = blockIdx.x * blockDim.x + threadIdx.x;
@@ -32,6 +33,7 @@ __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t l
         default: v = scale * tanhf(x / scale); break;  // SoftCap
     }
     y[int64_t(r) * ldy + c] = v;
+    if (xb.p) mma_act_store((__nv_bfloat16*)xb.p, xb.rows, r, c, v);
 }
 
 template <int T>
@@ -162,9 +164,12 @@ void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* p
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
-                 int cols, cudaStream_t s, float scale) {
+                 int cols, cudaStream_t s, float scale, MmaAct xb) {
+    if (xb.p && (xb.rows != rows || cols % kMmaChunk))
+        throw MinferError(strfmt("CUDA elementwise: gemm_mma's layout of %d rows for %d rows of %d (a multiple of %d)",
+                                 xb.rows, rows, cols, kMmaChunk));
     launch("elementwise", elementwise_kernel, dim3(unsigned((cols + 255) / 256), unsigned(rows)), dim3(256), 0, s, op, a,
-           lda, b, ldb, y, ldy, cols, scale);
+           lda, b, ldb, y, ldy, cols, scale, xb);
 }
 
 void copy_rows(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int cols, cudaStream_t s) {

@@ -26,6 +26,7 @@
 #include "backends/cuda/batch_gemm.cuh"
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/mma_act.cuh"
 #include "backends/cuda/mma_weights.cuh"
 
 namespace minfer::cuda {
@@ -35,7 +36,7 @@ namespace {
 constexpr int kWRows = 64, kThreads = 2 * kWRows;  // four warps of 16 weight rows
 constexpr int kMaxSplits = 8;                        // K ranges (stream_splits' limit)
 constexpr int kSumInKernelRows = 8;                  // at most this many rows: the last block sums the K ranges
-constexpr int kChunk = 128, kChunkStride = 2 * kChunk + 64;  // x's chunk: 128 bf16 and 64 bytes apart a row
+constexpr int kChunk = kMmaChunk, kChunkStride = kMmaChunkStride;  // x's chunk (mma_act.cuh)
 
 __device__ __forceinline__ uint2 lds64(const uint8_t* p) { return *(const uint2*)p; }
 
@@ -119,19 +120,34 @@ __device__ __forceinline__ void tensor_copy(void* dst, const CUtensorMap* map, i
 // x is mma_act's layout of M rows.  Thread 0 issues the weights' box (rows past N arrive as zeros) where
 // `tensor`, else thread i < 64 weight row i's 16-byte pieces covering the slice (rows past N are not copied), and
 // thread 0 x's chunks (M rows; those past M in the stage are never written to y).
+// The weights of a launch: part p takes blocks [first[p], first[p + 1]) of the grid's x, with its own tensor map,
+// output window and partials (q, k and v, or gate and up, in one launch: one wave's tail instead of three).
+struct MmaLaunch {
+    CUtensorMap map[kMmaMaxParts];
+    MmaPart part[kMmaMaxParts];
+    float* partial[kMmaMaxParts];
+    int first[kMmaMaxParts + 1];
+};
+
 template <int T, int NT>
 __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16* __restrict__ x, int M, int64_t K,
-                                                            const __grid_constant__ CUtensorMap wmap, bool tensor,
-                                                            const uint8_t* __restrict__ W, int64_t rb, int64_t N,
-                                                            int64_t k_len, float* __restrict__ y, int64_t ldy,
-                                                            const float* __restrict__ bias, float* partial,
-                                                            int* counters) {
+                                                            const __grid_constant__ MmaLaunch L, bool tensor,
+                                                            int64_t rb, int64_t k_len, int* counters) {
     using S = Stage<T, NT>;
     using WT = MmaW<T>;
     constexpr int kS = S::kCount;
     extern __shared__ __align__(1024) uint8_t smem[];
     uint64_t* full = (uint64_t*)(smem + kS * S::kBytes);
-    const int64_t n0 = int64_t(blockIdx.x) * kWRows;
+    // this block's part (its fields read at fixed offsets of the parameters, then selected)
+    const int bx = int(blockIdx.x), p = bx >= L.first[2] ? 2 : bx >= L.first[1] ? 1 : 0;
+    const MmaPart P = p == 2 ? L.part[2] : p == 1 ? L.part[1] : L.part[0];
+    const CUtensorMap* wmap = p == 2 ? &L.map[2] : p == 1 ? &L.map[1] : &L.map[0];
+    float* const partial = p == 2 ? L.partial[2] : p == 1 ? L.partial[1] : L.partial[0];
+    const uint8_t* __restrict__ W = P.W;
+    const int64_t N = P.N, ldy = P.ldy;
+    float* __restrict__ y = P.y;
+    const float* __restrict__ bias = P.bias;
+    const int64_t n0 = int64_t(bx - L.first[p]) * kWRows;
     const int64_t s_begin = int64_t(blockIdx.z) * k_len / S::kSlice;
     const int64_t k_end = int64_t(blockIdx.z + 1) * k_len, s_end = (k_end < K ? k_end : K) / S::kSlice;
     const int64_t steps = s_end - s_begin;
@@ -150,7 +166,7 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
         uint64_t* bar = &full[t % kS];
         const int64_t at = (s_begin + t) * WT::kBytes;
         if (issuer) expect_bytes(bar, (tensor ? unsigned(S::kW) : 0u) + S::kChunks * x_bytes);
-        if (tensor && issuer) tensor_copy(smem + (t % kS) * S::kBytes, &wmap, int(at & ~int64_t(15)), int(n0), bar);
+        if (tensor && issuer) tensor_copy(smem + (t % kS) * S::kBytes, wmap, int(at & ~int64_t(15)), int(n0), bar);
         if (row_issuer) {
             const uintptr_t g = uintptr_t(w_row + at), a = g & ~uintptr_t(15);
             bulk_copy(smem + (t % kS) * S::kBytes + tid * WT::kStride, (const void*)a,
@@ -259,20 +275,14 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
     if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch, which waits for this one
 }
 
-// x [rows, K] (ldx apart) -> bf16 chunk-major (value k of row r at byte ((k / 128) rows + r) kChunkStride +
-// 2 (k % 128)), each 8 values in the mma's order (0 2 1 3 4 6 5 7).
+// x [rows, K] (ldx apart) -> the bf16 layout of mma_act.cuh, 8 values a thread.
 __global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out) {
     pdl_start();
-    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, r = blockIdx.y;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    const int r = blockIdx.y;
     if (8 * i >= K) return;
-    const float4 a = *(const float4*)(x + r * ldx + 8 * i), b = *(const float4*)(x + r * ldx + 8 * i + 4);
-    uint4 o;
-    o.x = as_u32(__floats2bfloat162_rn(a.x, a.z));
-    o.y = as_u32(__floats2bfloat162_rn(a.y, a.w));
-    o.z = as_u32(__floats2bfloat162_rn(b.x, b.z));
-    o.w = as_u32(__floats2bfloat162_rn(b.y, b.w));
-    const int64_t k = 8 * i;
-    *(uint4*)(out + ((k / kChunk) * gridDim.y + r) * (kChunkStride / 2) + k % kChunk) = o;
+    mma_act_store4(out, gridDim.y, r, 8 * i, *(const float4*)(x + r * ldx + 8 * i));
+    mma_act_store4(out, gridDim.y, r, 8 * i + 4, *(const float4*)(x + r * ldx + 8 * i + 4));
 }
 
 static_assert(MmaW<GGML_TYPE_Q4_K>::kSlice == 256 && MmaW<GGML_TYPE_Q6_K>::kSlice == 256 &&
@@ -290,10 +300,24 @@ bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K) {
     return sl > 0 && M >= 1 && M <= kGemmMmaMaxRows && K % sl == 0;
 }
 
-int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
+int gemm_mma_splits(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K) {
     (void)M;
     const int sl = batch_slice(type);
-    return sl ? stream_splits((N + kWRows - 1) / kWRows, K / sl) : 1;
+    int64_t blocks = 0;
+    for (int i = 0; i < n; i++) blocks += (parts[i].N + kWRows - 1) / kWRows;
+    return sl ? stream_splits(blocks, K / sl) : 1;
+}
+
+size_t gemm_mma_partial_floats(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K) {
+    const int splits = gemm_mma_splits(type, M, parts, n, K);
+    size_t floats = 0;
+    for (int i = 0; i < n; i++) floats += (size_t(splits) * size_t(M) * size_t(parts[i].N) + 3) / 4 * 4;
+    return splits > 1 ? floats : 0;
+}
+
+int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
+    const MmaPart one{nullptr, N};
+    return gemm_mma_splits(type, M, &one, 1, K);
 }
 
 size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t((K + kChunk - 1) / kChunk) * kChunkStride; }
@@ -330,31 +354,51 @@ static CUtensorMap weight_map(uint32_t type, const uint8_t* W, int64_t rb, int64
     return map;
 }
 
-void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
-              const float* bias, float* partial, int* counters, cudaStream_t s) {
+void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
+              int* counters, cudaStream_t s) {
     if (!gemm_mma_fits(wtype, M, K))
         throw MinferError(strfmt("CUDA gemm_mma: %s weights, %lld rows of width %lld (Q4_K, Q6_K or Q8_0; 1..%d rows; "
                                  "width a multiple of %d)", type_traits(wtype).name, (long long)M, (long long)K,
                                  kGemmMmaMaxRows, std::max(batch_slice(wtype), 128)));
+    if (n < 1 || n > kMmaMaxParts) throw MinferError(strfmt("CUDA gemm_mma: %d weights in one launch (1..%d)", n, kMmaMaxParts));
     const int nt = batch_tiles(int(M));
-    const int splits = partial ? gemm_mma_splits(wtype, M, N, K) : 1;
+    const int splits = partial ? gemm_mma_splits(wtype, M, parts, n, K) : 1;
     const int sl = batch_slice(wtype);
     const int64_t k_len = (K / sl + splits - 1) / splits * sl;  // whole slices a range; the last may be shorter
     const int64_t rb = row_bytes(wtype, K);
     const int box = wtype == GGML_TYPE_Q4_K ? MmaW<GGML_TYPE_Q4_K>::kStride
                     : wtype == GGML_TYPE_Q6_K ? MmaW<GGML_TYPE_Q6_K>::kStride : MmaW<GGML_TYPE_Q8_0>::kStride;
-    const bool tensor = uintptr_t(W) % 16 == 0 && rb % 16 == 0;
-    CUtensorMap wmap{};
-    if (tensor) wmap = weight_map(wtype, W, rb, N, box);
+    bool tensor = rb % 16 == 0;
+    for (int i = 0; i < n; i++) tensor = tensor && uintptr_t(parts[i].W) % 16 == 0;
+    MmaLaunch L{};
+    int64_t blocks = 0;
+    float* part_partial = partial;
+    for (int i = 0; i < n; i++) {
+        L.part[i] = parts[i];
+        if (tensor) L.map[i] = weight_map(wtype, parts[i].W, rb, parts[i].N, box);
+        L.partial[i] = splits > 1 ? part_partial : nullptr;
+        if (splits > 1) part_partial += (int64_t(splits) * M * parts[i].N + 3) / 4 * 4;  // 16-byte aligned (float4s)
+        L.first[i] = int(blocks);
+        blocks += (parts[i].N + kWRows - 1) / kWRows;
+    }
+    for (int i = n; i <= kMmaMaxParts; i++) L.first[i] = int(blocks);
     const auto k = batch_kernel<Build>(wtype, nt, "gemm_mma");
-    const dim3 grid(unsigned((N + kWRows - 1) / kWRows), 1u, unsigned(splits));
+    const dim3 grid(unsigned(blocks), 1u, unsigned(splits));
     const bool sum_in_kernel = splits > 1 && M <= kSumInKernelRows;
     if (splits > kMaxSplits || (sum_in_kernel && (!counters || grid.x > unsigned(kGemmMmaCounters))))
         throw MinferError(strfmt("CUDA gemm_mma: %u blocks of weight rows split over K %d times (at most %d counters, "
                                  "%d ranges)", grid.x, splits, kGemmMmaCounters, kMaxSplits));
-    launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, wmap, tensor, W, rb,
-           N, k_len, y, ldy, bias, partial, sum_in_kernel ? counters : nullptr);
-    if (splits > 1 && !sum_in_kernel) gemm_reduce(partial, splits, M, N, y, ldy, bias, s);
+    launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, L, tensor, rb,
+           k_len, sum_in_kernel ? counters : nullptr);
+    if (splits > 1 && !sum_in_kernel)
+        for (int i = 0; i < n; i++)
+            gemm_reduce(L.partial[i], splits, M, parts[i].N, parts[i].y, parts[i].ldy, parts[i].bias, s);
+}
+
+void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
+              const float* bias, float* partial, int* counters, cudaStream_t s) {
+    const MmaPart one{W, N, y, ldy, bias};
+    gemm_mma(wtype, x, M, K, &one, 1, partial, counters, s);
 }
 
 }  // namespace minfer::cuda

@@ -70,6 +70,13 @@ struct Q8Act {             // rows of K activations in blocks of 32: q [rows][K]
     float2* ds = nullptr;
 };
 Q8Act q8_act(void* scratch, int rows, int64_t K);
+// A batch product's activations in gemm_mma's bf16 layout (mma_act.cuh: mma_act_bytes(rows, K) bytes), which
+// the kernel before the product writes beside its f32 output (add_rmsnorm, elementwise's SwiGLU): no mma_act
+// launch.  p null: none.
+struct MmaAct {
+    void* p = nullptr;
+    int rows = 0;
+};
 bool matvec_q8_supported(uint32_t type, int64_t K);
 // Whether matvec_q8 takes `rows` activation rows of these weights in one pass over them (its rows kernel:
 // kMatvecQ8MaxRows rows of Q4_K or Q6_K weights, K >= 1024; a batch step of two sequences).
@@ -118,6 +125,21 @@ size_t mma_act_bytes(int rows, int64_t K);
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s);
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
               const float* bias, float* partial, int* counters, cudaStream_t s);
+// Up to kMmaMaxParts weights of one type and width in one launch (q, k and v; gate and up), each into its own
+// output (y[:, :N], ldy apart, + bias).  partial: gemm_mma_partial_floats(...) floats of scratch, part by part
+// (or null: no split; 0 floats: the launch does not split).
+constexpr int kMmaMaxParts = 3;
+struct MmaPart {
+    const uint8_t* W = nullptr;
+    int64_t N = 0;
+    float* y = nullptr;
+    int64_t ldy = 0;
+    const float* bias = nullptr;
+};
+int gemm_mma_splits(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K);
+size_t gemm_mma_partial_floats(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K);
+void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
+              int* counters, cudaStream_t s);
 // x [rows, K] (ldx apart) rounded to 8-bit blocks of 32 into q8 (matvec_q8's activations).
 void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s);
 // How many ranges of K the batch products split a weight into: `blocks` of its rows, `slices` along K.
@@ -137,9 +159,12 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 // y[:, :cols] = a + b, y[:, cols:] = RmsNorm(a + b) (the residual add fused with the next norm).
 // With q8.q set, the norm is also written as decode's 8-bit activations (matvec_q8).  before_attention: the
 // norm feeds the q/k/v projection (an attn_norm; else the FFN's or the output's), q4k: whose q rows are Q4_K --
-// the inputs of add_norm_kernel's launch rule.
-void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false, bool q4k = false);
+// the inputs of add_norm_kernel's launch rule.  With xb.p set (xb.rows == rows <= 64, cols % 128 == 0), the
+// norm is also written in gemm_mma's layout where the float4 kernel takes the row (cols <= 4096, rows 16-byte
+// aligned); returns whether it was.
+bool add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention = false, bool q4k = false,
+                 MmaAct xb = {});
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols,
           int head_dim, int rope_dim, float base, float scale, bool neox, cudaStream_t s);
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
@@ -181,17 +206,20 @@ size_t attention_scratch_floats(const AttnShape& a);      // partials for the co
 void attention(const AttnShape& a, const float* q, int64_t ldq, const int32_t* pos, const void* K, const void* V,
                float* out, int64_t ldo, float* scratch, uint32_t* err, Q8Act q8, cudaStream_t s);
 // Attention of a batch step over the paged pool (a.n_ctx: one sequence's context, max_blocks * block_size):
-// the general kernel, every row's keys split in chunks, and the combine.
+// the general kernel, every row's keys split in chunks, and the combine.  With xb.p (xb.rows == a.rows, the
+// output's width a multiple of 128), the kernel that writes the output (the combine, or the tensor-core kernel
+// unsplit) also writes it in gemm_mma's layout; returns whether it did.
 size_t attention_paged_scratch_floats(const AttnShape& a);
-void attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
+bool attention_paged(const AttnShape& a, const KvPages& pages, const float* q, int64_t ldq, const int32_t* pos,
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
-                     cudaStream_t s);
+                     cudaStream_t s, MmaAct xb = {});
 
 // Elementwise ops (elementwise.cu).
 enum class Ew { Add, Mul, Silu, SwiGLU, Gelu, GeGLU, Scale, SoftCap };
-// scale: Scale's factor, SoftCap's cap.
+// scale: Scale's factor, SoftCap's cap.  With xb.p set (xb.rows == rows, cols % 128 == 0), y is also written in
+// gemm_mma's layout (a SwiGLU's output, the down projection's input).
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
-                 int cols, cudaStream_t s, float scale = 1.0f);
+                 int cols, cudaStream_t s, float scale = 1.0f, MmaAct xb = {});
 // out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
 // partial: kArgmaxBlocks floats + kArgmaxBlocks ints of device scratch.
 constexpr int kArgmaxBlocks = 1024;

@@ -8,6 +8,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/kernel_choice.h"
 #include "backends/cuda/kernels.h"
+#include "backends/cuda/mma_act.cuh"
 #include "backends/cuda/matvec_rows.cuh"
 #include "backends/cuda/rope.cuh"
 #include "quant/types.h"
@@ -82,14 +83,16 @@ __global__ void __launch_bounds__(1024) add_rmsnorm_kernel(const float* a, int64
 // thread as float4, every load of the row in flight at once (a quarter of add_rmsnorm_kernel's load
 // instructions); block x of a row writes float4s [256 x, 256 x + 256) and sums the whole row's squares
 // itself.  The 8-bit activations come from quantize_lane4 (the same bytes as quantize_lane).  With b null
-// it is decode's plain RmsNorm (the first layer's): y[:, :cols] = RmsNorm(a), no sum window.
+// it is decode's plain RmsNorm (the first layer's): y[:, :cols] = RmsNorm(a), no sum window.  A batch step's
+// norm before a gemm_mma product (up to 64 rows) takes it too, writing the norm in that product's layout (xb).
 constexpr int kNormF4 = 4;  // float4s per thread: 4 * 256 * 4 = 4096 values
 
 // WAIT_FIRST: the kernel waits for the one before it before it lets the next one launch (add_norm_kernel's rule).
 template <bool WAIT_FIRST>
 __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int64_t lda, const float* b, int64_t ldb,
                                                              float* y, int64_t ldy, int cols,
-                                                             const float* __restrict__ w, float eps, Q8Act q8) {
+                                                             const float* __restrict__ w, float eps, Q8Act q8,
+                                                             MmaAct xb) {
     const int row = blockIdx.y, n4 = cols / 4, f = blockIdx.x * 256 + threadIdx.x;
     const bool mine = f < n4;
     const float4 wv = mine ? ((const float4*)w)[f] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);  // no kernel's output
@@ -125,6 +128,7 @@ __global__ void __launch_bounds__(256) add_rmsnorm_f4_kernel(const float* a, int
         ((float4*)yr)[f] = xv;
     }
     if (q8.q) quantize_lane4(xv, mine, q8.q + int64_t(row) * cols + 4 * f, q8.ds + int64_t(row) * (cols / 32) + f / 8);
+    if (xb.p && mine) mma_act_store4((__nv_bfloat16*)xb.p, xb.rows, row, 4 * int64_t(f), xv);
 }
 
 // Pair i (< head_dim / 2) of a head, x -> y: rotated by the angle (cs, sn) when
@@ -246,7 +250,7 @@ bool aligned16(const float* p, int64_t ld) { return uintptr_t(p) % 16 == 0 && ld
 // finishing the layer before.  Everywhere else (shorter rows, loaded a chunk ahead; the FFN's projections) the
 // early release measured faster.  The kernel choice cuda.norm_pdl forces one behaviour (tests).
 void (*add_norm_kernel(bool before_attention, bool q4k, int cols))(const float*, int64_t, const float*, int64_t, float*,
-                                                                    int64_t, int, const float*, float, Q8Act) {
+                                                                    int64_t, int, const float*, float, Q8Act, MmaAct) {
     const std::string v = forced_kernel("cuda.norm_pdl");
     bool wait = before_attention && q4k && matvec_q8_whole_row(cols);
     if (!v.empty())
@@ -265,7 +269,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     if (width == cols && rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(x, ldx) &&
         aligned16(y, ldy) && aligned16(w, 0) && x != y) {
         launch("rmsnorm", add_rmsnorm_f4_kernel<false>, dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)),
-               dim3(256), 0, s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8);
+               dim3(256), 0, s, x, ldx, (const float*)nullptr, int64_t(0), y, ldy, cols, w, eps, q8, MmaAct{});
         return q8.q != nullptr;
     }
     const int threads = width >= 1024 ? 256 : width >= 256 ? 128 : 32;
@@ -274,17 +278,21 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
     return false;
 }
 
-void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
-                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k) {
+bool add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
+                 const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k, MmaAct xb) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
+    if (xb.p && (xb.rows != rows || rows > kGemmMmaMaxRows || cols % kMmaChunk))
+        throw MinferError(strfmt("CUDA add_rmsnorm: gemm_mma's layout of %d rows for %d rows of %d (at most %d rows, "
+                                 "a multiple of %d)", xb.rows, rows, cols, kGemmMmaMaxRows, kMmaChunk));
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
-    if (rows <= 4 && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
+    if ((rows <= 4 || xb.p) && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
         aligned16(y, ldy) && aligned16(w, 0)) {
-        launch("add_rmsnorm", add_norm_kernel(before_attention, q4k, cols),
+        // decode's launch rule; a batch product's weights are asked for before its wait: release at once
+        launch("add_rmsnorm", rows <= 4 ? add_norm_kernel(before_attention, q4k, cols) : add_rmsnorm_f4_kernel<false>,
                dim3(unsigned((cols / 4 + 255) / 256), unsigned(rows)), dim3(256), 0, s, a, lda, b, ldb, y, ldy, cols, w,
-               eps, q8);
-        return;
+               eps, q8, xb);
+        return xb.p != nullptr;
     }
     // threads: enough that kAddNormPer values each cover the row
     int threads = std::max(rows <= 4 ? 256 : cols >= 1024 ? 256 : 128, (cols + kAddNormPer - 1) / kAddNormPer);
@@ -293,6 +301,7 @@ void add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float
     const int per = rows <= 4 ? 1 : slices;  // decode: one block per slice of the row
     launch("add_rmsnorm", add_rmsnorm_kernel, dim3(unsigned(slices / per), unsigned(rows)), dim3(threads), 0, s, a, lda,
            b, ldb, y, ldy, cols, per, w, eps, q8);
+    return false;
 }
 
 void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos, int rows, int cols, int head_dim,
