@@ -36,6 +36,7 @@ __device__ __forceinline__ uint32_t u32_at2(const uint8_t* p) {  // 2-byte align
     return uint32_t(h[0]) | uint32_t(h[1]) << 16;
 }
 
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 // GELU, tanh form, as x / (1 + e^(-2z)), z = sqrt(2/pi) (x + 0.044715 x^3): the CPU kernels' arithmetic.
 __device__ __forceinline__ float gelu(float x) {
     return x / (1.0f + expf(-1.5957691216f * x * (1.0f + 0.044715f * x * x)));

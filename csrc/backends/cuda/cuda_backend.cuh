@@ -168,11 +168,12 @@ class CudaBackend : public Backend {
     // skip converting them again: decode's 8-bit ones of an AddRmsNorm's norm window (prequant_), a batch
     // product's bf16 ones of a norm window or a SwiGLU's output (premma_); pending_*: the last node's.
     struct Prequant {
-        const float* x = nullptr;
+        const float* x = nullptr;  // the f32 activations ...
         int64_t ld = 0, K = 0;
         int rows = 0;
-        bool of(const float* x_, int64_t ld_, int64_t K_, int rows_) const {
-            return x == x_ && ld == ld_ && K == K_ && rows == rows_;
+        const void* at = nullptr;  // ... converted into this scratch (a scratch that grew since lost them)
+        bool of(const float* x_, int64_t ld_, int64_t K_, int rows_, const void* at_) const {
+            return x && x == x_ && ld == ld_ && K == K_ && rows == rows_ && at == at_;
         }
     };
     Prequant prequant_, pending_, premma_, pending_mma_;

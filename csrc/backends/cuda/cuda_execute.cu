@@ -45,13 +45,13 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     const int64_t ldy = a.out.ld;
     // The matrix paths' loop: each part's product into its columns of y (a SwiGLU pair's up half into scratch,
     // then the gate's product times it), K split where splits_of says: run(part, y, ldy, bias, partial).
-    float* up = nullptr;  // a SwiGLU pair's up half
-    auto glu = [&] {      // then gate's product times it, in place
+    float* up = nullptr;    // a SwiGLU pair's up half
+    auto apply_glu = [&] {  // then gate's product times it, in place
         const int64_t n = parts[1].n_out;
         const cuda::MmaAct xb = mma_act_for(node.meta.feeds, rows, n);  // the down projection's, if gemm_mma's
         cuda::elementwise(node.meta.act == Act::Gelu ? Ew::GeGLU : Ew::SwiGLU, y, ldy, up, n, y, ldy, rows, int(n),
                           stream_, 1.0f, xb);
-        if (xb.p) premma_ = Prequant{y, ldy, n, rows};
+        if (xb.p) premma_ = Prequant{y, ldy, n, rows, xb.p};
     };
     auto each_part = [&](auto splits_of, auto run) {
         if (swiglu) up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
@@ -63,7 +63,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             if (swiglu && i == 1) run(p, up, p.n_out, nullptr, partial);
             else run(p, y + p.y_col, ldy, p.bias, partial);
         }
-        if (swiglu) glu();
+        if (swiglu) apply_glu();
         return false;
     };
     const std::string choice = forced_kernel("cuda.batch_matmul");
@@ -82,12 +82,15 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         throw MinferError(strfmt("CUDA '%s': cuda.batch_matmul=%s, but %d rows of these weights have no such product",
                                  node.name.c_str(), choice.c_str(), rows));
     if (bf16) {  // x in bf16, laid out by mma_act (or already, by the kernel before)
-        void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
-        if (!pending_mma_.of(x, ldx, K, rows)) cuda::mma_act(x, ldx, rows, K, xb, stream_);
         // weights of one type in one launch (q, k and v; gate and up: one tail of a wave, not one each)
         const uint32_t type = parts[0].w->type;
         bool one_type = parts.size() <= size_t(cuda::kMmaMaxParts);
         for (const Proj& p : parts) one_type = one_type && p.w->type == type;
+        // the down projection's activations, which the sum of gate's and up's K ranges may write (asked for
+        // first: its scratch, the one x is in, may grow)
+        const cuda::MmaAct next = one_type && swiglu ? mma_act_for(node.meta.feeds, rows, parts[1].n_out) : cuda::MmaAct{};
+        void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
+        if (!pending_mma_.of(x, ldx, K, rows, xb)) cuda::mma_act(x, ldx, rows, K, xb, stream_);
         if (one_type) {
             if (swiglu) up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
             cuda::MmaPart mp[cuda::kMmaMaxParts];
@@ -99,8 +102,12 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             }
             const size_t need = cuda::gemm_mma_partial_floats(type, rows, mp, n, K);
             float* partial = need ? scratch(kscratch_, kscratch_n_, need) : nullptr;
-            cuda::gemm_mma(type, xb, rows, K, mp, n, partial, split_counters_, stream_);
-            if (swiglu) glu();
+            const int glu = swiglu ? (node.meta.act == Act::Gelu ? 2 : 1) : 0;
+            if (cuda::gemm_mma(type, xb, rows, K, mp, n, partial, split_counters_, stream_, glu, next)) {
+                if (next.p) premma_ = Prequant{y, ldy, parts[1].n_out, rows, next.p};
+            } else if (swiglu) {
+                apply_glu();
+            }
             return false;
         }
         return each_part([&](const Proj& p) { return cuda::gemm_mma_splits(p.w->type, rows, p.n_out, K); },
@@ -112,7 +119,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     if (mma) {
         const cuda::Q8Act xq =
             cuda::q8_act(scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4), rows, K);
-        if (!pending_.of(x, ldx, K, rows)) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
+        if (!pending_.of(x, ldx, K, rows, xq.q)) cuda::quantize_q8(x, ldx, rows, K, xq, stream_);
         return each_part([&](const Proj& p) { return cuda::gemm_q8_splits(p.w->type, rows, p.n_out, K); },
                          [&](const Proj& p, float* out, int64_t ld, const float* bias, float* partial) {
                              cuda::gemm_q8(p.w->type, xq, rows, K, p.w->p, p.n_out, out, ld, bias, partial, stream_);
@@ -137,7 +144,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             m.x = x;
             m.ldx = ldx;
             float* sc = scratch(qscratch_, qscratch_n_, (cuda::matvec_q8_scratch_bytes(rows, K) + 3) / 4);
-            const bool ready = pending_.of(x, ldx, K, rows);
+            const bool ready = pending_.of(x, ldx, K, rows, sc);
             if (rope) {
                 m.rope = *rope;
                 if (!cuda::matvec_q8_rope_fusable(m)) m.rope = cuda::QkvRopeEpilogue{};
@@ -213,7 +220,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             if (cuda::rmsnorm(at(a.in[0]), ld(0), at(a.out), a.out.ld, rows, cols,
                               node.op == Op::RmsNorm ? cols : m.head_dim, (const float*)weight(m.weight).p, m.eps, q8,
                               stream_))
-                prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+                prequant_ = Prequant{at(a.out), a.out.ld, cols, rows, q8.q};
             return;
         }
         case Op::MatMul:
@@ -285,8 +292,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                   rows, n);
             if (cuda::add_rmsnorm(at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.out), a.out.ld, rows, n,
                                   (const float*)weight(m.weight).p, m.eps, q8, stream_, feeds_qkv, q4k, xb))
-                premma_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
-            if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows};
+                premma_ = Prequant{at(a.out) + n, a.out.ld, n, rows, xb.p};
+            if (q8.q) prequant_ = Prequant{at(a.out) + n, a.out.ld, n, rows, q8.q};
             return;
         }
         case Op::RopeKvStore: {
@@ -307,7 +314,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                 const cuda::MmaAct xb = mma_act_for(m.feeds, rows, cols);  // the O projection's, where it takes gemm_mma
                 if (cuda::attention_paged(s, pg, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k),
                                           raw(a.kv_v), at(a.out), a.out.ld, sc, err_dev_, stream_, xb))
-                    premma_ = Prequant{at(a.out), a.out.ld, cols, rows};
+                    premma_ = Prequant{at(a.out), a.out.ld, cols, rows, xb.p};
                 return;
             }
             AttnShape s{rows, m.n_head, m.n_head_kv, m.head_dim, m.n_ctx, m.kv_type, m.attn_scale, m.window, m.kv_ring};
@@ -320,7 +327,7 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
                                   rows, cols);
             cuda::attention(s, at(a.in[0]), ld(0), (const int32_t*)at(a.in[1]), raw(a.kv_k), raw(a.kv_v), at(a.out),
                             a.out.ld, sc, err_dev_, q8, stream_);
-            if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows};
+            if (q8.q) prequant_ = Prequant{at(a.out), a.out.ld, cols, rows, q8.q};
             return;
         }
         case Op::Add: case Op::Mul: case Op::SwiGLU: case Op::GeGLU:

@@ -12,8 +12,6 @@ namespace minfer::cuda {
 
 namespace {
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-
 __global__ void elementwise_kernel(Ew op, const float* __restrict__ a, int64_t lda, const float* __restrict__ b,
                                    int64_t ldb, float* y, int64_t ldy, int cols, float scale, MmaAct xb) {
     pdl_start();

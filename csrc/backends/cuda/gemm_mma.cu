@@ -275,6 +275,41 @@ __global__ void __launch_bounds__(kThreads) gemm_mma_kernel(const __nv_bfloat16*
     if (tid == 0) counters[blockIdx.x] = 0;  // ready for the next launch, which waits for this one
 }
 
+// The K ranges of a launch's parts summed in order after bias (gemm_reduce's sums), every part in one launch:
+// element i of the launch's outputs (part by part, row by row) a thread.  A GLU pair (glu: 1 silu, 2 gelu;
+// parts gate and up of one width) writes act(gate) x up into the gate's output instead, and with xb.p also in
+// gemm_mma's layout (the down projection's input): the elementwise launch after it goes too.
+struct MmaSums {
+    MmaPart part[kMmaMaxParts];
+    float* partial[kMmaMaxParts];
+};
+
+__global__ void mma_reduce_kernel(const __grid_constant__ MmaSums L, int splits, int M, int64_t total, int glu,
+                                  MmaAct xb) {
+    pdl_start();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    auto sum = [&](int p, int64_t e) {  // element e of part p
+        const MmaPart& P = L.part[p];
+        float v = P.bias ? P.bias[e % P.N] : 0.0f;
+        for (int z = 0; z < splits; z++) v += __ldcg(L.partial[p] + int64_t(z) * M * P.N + e);
+        return v;
+    };
+    if (glu) {
+        const MmaPart& P = L.part[0];
+        const float g = sum(0, i), u = sum(1, i), v = (glu == 1 ? silu(g) : gelu(g)) * u;
+        const int64_t r = i / P.N, c = i % P.N;
+        P.y[r * P.ldy + c] = v;
+        if (xb.p) mma_act_store((__nv_bfloat16*)xb.p, xb.rows, int(r), c, v);
+        return;
+    }
+    int p = 0;
+    int64_t e = i;
+    while (p + 1 < kMmaMaxParts && L.part[p + 1].N && e >= int64_t(M) * L.part[p].N) e -= int64_t(M) * L.part[p++].N;
+    const MmaPart& P = L.part[p];
+    P.y[(e / P.N) * P.ldy + e % P.N] = sum(p, e);
+}
+
 // x [rows, K] (ldx apart) -> the bf16 layout of mma_act.cuh, 8 values a thread.
 __global__ void mma_act_kernel(const float* __restrict__ x, int64_t ldx, int64_t K, __nv_bfloat16* __restrict__ out) {
     pdl_start();
@@ -354,8 +389,8 @@ static CUtensorMap weight_map(uint32_t type, const uint8_t* W, int64_t rb, int64
     return map;
 }
 
-void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
-              int* counters, cudaStream_t s) {
+bool gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
+              int* counters, cudaStream_t s, int glu, MmaAct xb) {
     if (!gemm_mma_fits(wtype, M, K))
         throw MinferError(strfmt("CUDA gemm_mma: %s weights, %lld rows of width %lld (Q4_K, Q6_K or Q8_0; 1..%d rows; "
                                  "width a multiple of %d)", type_traits(wtype).name, (long long)M, (long long)K,
@@ -388,11 +423,20 @@ void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart
     if (splits > kMaxSplits || (sum_in_kernel && (!counters || grid.x > unsigned(kGemmMmaCounters))))
         throw MinferError(strfmt("CUDA gemm_mma: %u blocks of weight rows split over K %d times (at most %d counters, "
                                  "%d ranges)", grid.x, splits, kGemmMmaCounters, kMaxSplits));
+    if (glu && (n != 2 || parts[0].N != parts[1].N || (xb.p && (xb.rows != M || parts[0].N % kMmaChunk))))
+        throw MinferError(strfmt("CUDA gemm_mma: a GLU pair is two weights of one height (%d given), its layout %d "
+                                 "rows for %lld", n, xb.rows, (long long)M));
     launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, L, tensor, rb,
            k_len, sum_in_kernel ? counters : nullptr);
-    if (splits > 1 && !sum_in_kernel)
-        for (int i = 0; i < n; i++)
-            gemm_reduce(L.partial[i], splits, M, parts[i].N, parts[i].y, parts[i].ldy, parts[i].bias, s);
+    if (splits == 1 || sum_in_kernel) return false;
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += M * parts[i].N;
+    if (glu) total = M * parts[0].N;
+    MmaSums sums{};
+    for (int i = 0; i < n; i++) sums.part[i] = parts[i], sums.partial[i] = L.partial[i];
+    launch("mma_reduce", mma_reduce_kernel, dim3(unsigned((total + 255) / 256)), dim3(256), 0, s, sums, splits, int(M),
+           total, glu, xb);
+    return glu != 0;
 }
 
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,

@@ -138,8 +138,11 @@ struct MmaPart {
 };
 int gemm_mma_splits(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K);
 size_t gemm_mma_partial_floats(uint32_t type, int64_t M, const MmaPart* parts, int n, int64_t K);
-void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
-              int* counters, cudaStream_t s);
+// glu (1 silu, 2 gelu): parts are a GLU pair (gate, up of one height) whose act(gate) x up goes to the gate's
+// output (and in gemm_mma's layout where xb.p) when the launch's K ranges are summed by a launch after it
+// (more than 8 rows, K split); returns whether it was (else the caller applies it).
+bool gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart* parts, int n, float* partial,
+              int* counters, cudaStream_t s, int glu = 0, MmaAct xb = {});
 // x [rows, K] (ldx apart) rounded to 8-bit blocks of 32 into q8 (matvec_q8's activations).
 void quantize_q8(const float* x, int64_t ldx, int rows, int64_t K, Q8Act q8, cudaStream_t s);
 // How many ranges of K the batch products split a weight into: `blocks` of its rows, `slices` along K.
