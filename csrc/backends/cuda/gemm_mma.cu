@@ -15,8 +15,10 @@
 // products themselves).  The weights of the first stages are requested before the kernel waits for the one before
 // it (programmatic dependent launch).  K is split over blocks where the weight rows alone leave waves half empty;
 // at up to 8 rows the last block of a row range to finish sums the ranges' partials in order (a counter a row
-// range: the reduce launch was a tenth of a small batch's step), beyond, gemm_reduce (one block summing 64 rows x
-// M outputs is the kernel's longest part there).
+// range: the reduce launch was a tenth of a small batch's step), beyond, one mma_reduce launch for all of the
+// launch's weights (one block summing 64 rows x M outputs is the kernel's longest part there), which applies a
+// gate/up pair's SwiGLU too.  Up to three weights of one type and width share a launch (q, k and v; gate and
+// up), each part a range of the grid's blocks with its own tensor map, output window and partials.
 //
 // Reference: float64 numpy over the dequantized weights; tests/test_cuda_matvec.py (the mma path, with the
 // bound of rounding x and the weights' scaled quants to bf16).
