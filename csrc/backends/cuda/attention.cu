@@ -225,9 +225,7 @@ bool attention_paged(const AttnShape& a, const KvPages& pages, const float* q, i
                      const void* K, const void* V, float* out, int64_t ldo, float* scratch, uint32_t* err,
                      cudaStream_t s, MmaAct xb) {
     check_heads(a);
-    if (xb.p && (xb.rows != a.rows || (int64_t(a.n_head) * a.head_dim) % kMmaChunk))
-        throw MinferError(strfmt("CUDA attention_paged: gemm_mma's layout of %d rows for %d rows of %d (a multiple of "
-                                 "%d)", xb.rows, a.rows, a.n_head * a.head_dim, kMmaChunk));
+    check_mma_act("attention_paged", xb, a.rows, int64_t(a.n_head) * a.head_dim);
     const bool tc = pages.block_size % 16 == 0 && decode_tc_on(a);  // a warp's 16 positions in one pool block
     // splits past a row's position exit at once
     const int S = tc ? decode_tc_splits(a) : (a.n_ctx + kChunk - 1) / kChunk;

@@ -43,16 +43,16 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
     int64_t ldx = a.in[0].ld;
     float* y = at(a.out);
     const int64_t ldy = a.out.ld;
-    // The matrix paths' loop: each part's product into its columns of y (a SwiGLU pair's up half into scratch,
-    // then the gate's product times it), K split where splits_of says: run(part, y, ldy, bias, partial).
-    float* up = nullptr;    // a SwiGLU pair's up half
-    auto apply_glu = [&] {  // then gate's product times it, in place
+    float* up = nullptr;  // a SwiGLU pair's up half
+    // The gate's product times it, in place (and in gemm_mma's layout for the down projection, where xb.p).
+    auto apply_glu = [&](const cuda::MmaAct& xb) {
         const int64_t n = parts[1].n_out;
-        const cuda::MmaAct xb = mma_act_for(node.meta.feeds, rows, n);  // the down projection's, if gemm_mma's
         cuda::elementwise(node.meta.act == Act::Gelu ? Ew::GeGLU : Ew::SwiGLU, y, ldy, up, n, y, ldy, rows, int(n),
                           stream_, 1.0f, xb);
         if (xb.p) premma_ = Prequant{y, ldy, n, rows, xb.p};
     };
+    // The matrix paths' loop: each part's product into its columns of y (a SwiGLU pair's up half into scratch,
+    // then apply_glu), K split where splits_of says: run(part, y, ldy, bias, partial).
     auto each_part = [&](auto splits_of, auto run) {
         if (swiglu) up = scratch(fscratch_, fscratch_n_, size_t(rows) * size_t(parts[1].n_out));
         for (size_t i = 0; i < parts.size(); i++) {
@@ -63,7 +63,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             if (swiglu && i == 1) run(p, up, p.n_out, nullptr, partial);
             else run(p, y + p.y_col, ldy, p.bias, partial);
         }
-        if (swiglu) apply_glu();
+        if (swiglu) apply_glu(mma_act_for(node.meta.feeds, rows, parts[1].n_out));
         return false;
     };
     const std::string choice = forced_kernel("cuda.batch_matmul");
@@ -86,9 +86,12 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
         const uint32_t type = parts[0].w->type;
         bool one_type = parts.size() <= size_t(cuda::kMmaMaxParts);
         for (const Proj& p : parts) one_type = one_type && p.w->type == type;
-        // the down projection's activations, which the sum of gate's and up's K ranges may write (asked for
-        // first: its scratch, the one x is in, may grow)
-        const cuda::MmaAct next = one_type && swiglu ? mma_act_for(node.meta.feeds, rows, parts[1].n_out) : cuda::MmaAct{};
+        // x's bf16 and the down projection's (which the sum of gate's and up's K ranges may write) share one
+        // scratch: sized for both first, so that neither request grows it under the other
+        const int64_t n_down = one_type && swiglu ? parts[1].n_out : 0;
+        scratch(qscratch_, qscratch_n_,
+                (std::max(cuda::mma_act_bytes(rows, K), cuda::mma_act_bytes(rows, n_down)) + 3) / 4);
+        const cuda::MmaAct next = n_down ? mma_act_for(node.meta.feeds, rows, n_down) : cuda::MmaAct{};
         void* xb = scratch(qscratch_, qscratch_n_, (cuda::mma_act_bytes(rows, K) + 3) / 4);
         if (!pending_mma_.of(x, ldx, K, rows, xb)) cuda::mma_act(x, ldx, rows, K, xb, stream_);
         if (one_type) {
@@ -106,7 +109,7 @@ bool CudaBackend::project(const Node& node, const ExecArgs& a, const std::vector
             if (cuda::gemm_mma(type, xb, rows, K, mp, n, partial, split_counters_, stream_, glu, next)) {
                 if (next.p) premma_ = Prequant{y, ldy, parts[1].n_out, rows, next.p};
             } else if (swiglu) {
-                apply_glu();
+                apply_glu(next);
             }
             return false;
         }

@@ -163,9 +163,7 @@ void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* p
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,
                  int cols, cudaStream_t s, float scale, MmaAct xb) {
-    if (xb.p && (xb.rows != rows || cols % kMmaChunk))
-        throw MinferError(strfmt("CUDA elementwise: gemm_mma's layout of %d rows for %d rows of %d (a multiple of %d)",
-                                 xb.rows, rows, cols, kMmaChunk));
+    check_mma_act("elementwise", xb, rows, cols);
     launch("elementwise", elementwise_kernel, dim3(unsigned((cols + 255) / 256), unsigned(rows)), dim3(256), 0, s, op, a,
            lda, b, ldb, y, ldy, cols, scale, xb);
 }

@@ -359,6 +359,12 @@ int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K) {
 
 size_t mma_act_bytes(int rows, int64_t K) { return size_t(rows) * size_t((K + kChunk - 1) / kChunk) * kChunkStride; }
 
+void check_mma_act(const char* kernel, MmaAct xb, int rows, int64_t cols) {
+    if (xb.p && (xb.rows != rows || rows > kGemmMmaMaxRows || cols % kChunk))
+        throw MinferError(strfmt("CUDA %s: gemm_mma's layout of %d rows for %d rows of %lld (at most %d rows, a "
+                                 "multiple of %d)", kernel, xb.rows, rows, (long long)cols, kGemmMmaMaxRows, kChunk));
+}
+
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s) {
     if (K % kChunk || ldx % 4)
         throw MinferError(strfmt("CUDA mma_act: width %lld (a multiple of %d), stride %lld (of 4)", (long long)K,
@@ -425,9 +431,9 @@ bool gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const MmaPart
     if (splits > kMaxSplits || (sum_in_kernel && (!counters || grid.x > unsigned(kGemmMmaCounters))))
         throw MinferError(strfmt("CUDA gemm_mma: %u blocks of weight rows split over K %d times (at most %d counters, "
                                  "%d ranges)", grid.x, splits, kGemmMmaCounters, kMaxSplits));
-    if (glu && (n != 2 || parts[0].N != parts[1].N || (xb.p && (xb.rows != M || parts[0].N % kMmaChunk))))
-        throw MinferError(strfmt("CUDA gemm_mma: a GLU pair is two weights of one height (%d given), its layout %d "
-                                 "rows for %lld", n, xb.rows, (long long)M));
+    if (glu && (n != 2 || parts[0].N != parts[1].N))
+        throw MinferError(strfmt("CUDA gemm_mma: a GLU pair is two weights of one height (%d given)", n));
+    if (glu) check_mma_act("gemm_mma", xb, int(M), parts[0].N);
     launch("gemm_mma", k.kernel, grid, dim3(kThreads), k.smem, s, (const __nv_bfloat16*)x, int(M), K, L, tensor, rb,
            k_len, sum_in_kernel ? counters : nullptr);
     if (splits == 1 || sum_in_kernel) return false;

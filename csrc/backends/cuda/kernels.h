@@ -123,6 +123,9 @@ bool gemm_mma_fits(uint32_t type, int64_t M, int64_t K);
 int gemm_mma_splits(uint32_t type, int64_t M, int64_t N, int64_t K);
 size_t mma_act_bytes(int rows, int64_t K);
 void mma_act(const float* x, int64_t ldx, int rows, int64_t K, void* out, cudaStream_t s);
+// Throws, naming `kernel`, unless xb (if set) is the layout of `rows` rows (at most kGemmMmaMaxRows) of `cols`
+// values (a multiple of 128) that a kernel writing it beside its output needs.
+void check_mma_act(const char* kernel, MmaAct xb, int rows, int64_t cols);
 void gemm_mma(uint32_t wtype, const void* x, int64_t M, int64_t K, const uint8_t* W, int64_t N, float* y, int64_t ldy,
               const float* bias, float* partial, int* counters, cudaStream_t s);
 // Up to kMmaMaxParts weights of one type and width in one launch (q, k and v; gate and up), each into its own

@@ -281,9 +281,7 @@ bool rmsnorm(const float* x, int64_t ldx, float* y, int64_t ldy, int rows, int c
 bool add_rmsnorm(const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows, int cols,
                  const float* w, float eps, Q8Act q8, cudaStream_t s, bool before_attention, bool q4k, MmaAct xb) {
     if (q8.q && cols % 32) throw MinferError(strfmt("CUDA add_rmsnorm: 8-bit blocks need cols %% 32 == 0, got %d", cols));
-    if (xb.p && (xb.rows != rows || rows > kGemmMmaMaxRows || cols % kMmaChunk))
-        throw MinferError(strfmt("CUDA add_rmsnorm: gemm_mma's layout of %d rows for %d rows of %d (at most %d rows, "
-                                 "a multiple of %d)", xb.rows, rows, cols, kGemmMmaMaxRows, kMmaChunk));
+    check_mma_act("add_rmsnorm", xb, rows, cols);
     if (cols > 1024 * kAddNormPer)
         throw MinferError(strfmt("CUDA add_rmsnorm: rows of %d values (at most %d)", cols, 1024 * kAddNormPer));
     if ((rows <= 4 || xb.p) && cols % 32 == 0 && cols <= 4 * 256 * kNormF4 && aligned16(a, lda) && aligned16(b, ldb) &&
