@@ -157,11 +157,13 @@ def profile(model, a, P: int, T: int) -> None:
 
 
 def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0, path: str = "",
-                    device: str = "cpu") -> tuple[float, float]:
-    """(the engine's own ms a step, the steps' ms) for B sequences of 16 prompt tokens and T tokens each, greedy
-    or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p 0.95, min_p 0.05), on the tiny
-    synthetic model (152k tokens) or the model at `path` on `device`; only the time around the steps is the
-    engine's, the samplers' softmaxes included."""
+                    device: str = "cpu") -> tuple[float, float, float]:
+    """(the engine's own ms a step, the median ms between two steps, the steps' ms) for B sequences of 16 prompt
+    tokens and T tokens each, greedy or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p
+    0.95, min_p 0.05), on the tiny synthetic model (152k tokens) or the model at `path` on `device`.  Only the
+    time around the steps is the engine's, the samplers' softmaxes included; the first figure also counts the
+    requests' submission and their results (once a request, spread over its steps), the second only the
+    engine's work from one step's end to the next one's start: the time a device waits between steps."""
     from conftest import synthetic_model
     from minfer.batch import Engine
 
@@ -170,7 +172,7 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
     with Engine(path, threads=threads, backend=device, max_sequences=B, n_ctx=256) as eng:
         prompts = [list(map(int, rng.integers(100, 30000, size=16))) for _ in range(B)]
         eng.generate_batch(prompts[:2], max_tokens=4)  # warm-up
-        runner, in_steps = eng._runner, [0.0]
+        runner, in_steps, marks = eng._runner, [0.0], []
 
         class Timed:  # the runner with its steps' time counted
             def __getattr__(self, k):
@@ -179,26 +181,30 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
             def step_greedy(self, *a, **kw):
                 t = time.perf_counter()
                 out = runner.step_greedy(*a, **kw)
-                in_steps[0] += time.perf_counter() - t
+                marks.append((t, time.perf_counter()))
+                in_steps[0] += marks[-1][1] - t
                 return out
 
             def step(self, *a, **kw):
                 t = time.perf_counter()
                 out = runner.step(*a, **kw)
-                in_steps[0] += time.perf_counter() - t
+                marks.append((t, time.perf_counter()))
+                in_steps[0] += marks[-1][1] - t
                 return out
 
             def step_best(self, *a, **kw):
                 t = time.perf_counter()
                 out = runner.step_best(*a, **kw)
-                in_steps[0] += time.perf_counter() - t
+                marks.append((t, time.perf_counter()))
+                in_steps[0] += marks[-1][1] - t
                 return out
         eng._runner = Timed()
         sampling = dict(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1) if temperature else {}
         s0, t0 = eng.steps, time.perf_counter()
         eng.generate_batch(prompts, max_tokens=T, **sampling)
         dt, n = time.perf_counter() - t0, eng.steps - s0
-    return (dt - in_steps[0]) / n * 1e3, in_steps[0] / n * 1e3
+    between = np.median([b[0] - a[1] for a, b in zip(marks, marks[1:])])
+    return (dt - in_steps[0]) / n * 1e3, between * 1e3, in_steps[0] / n * 1e3
 
 
 def run_prefix(path: str, threads: int, n_prefix: int, device: str, n_req: int = 16) -> list:
@@ -244,11 +250,12 @@ def main():
         return engine.resolve(name)
     if a.overhead:  # the tiny model unless a model is named
         model = model_path(a.model) if a.model else ""
-        own, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device)
+        own, between, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
-        print(f"# engine at B={a.overhead} ({how}): {own:.3f} ms a step of its own ({own / a.overhead * 1e3:.1f} us "
-              f"a sequence), beside {steps:.2f} ms in the steps ({100 * own / steps:.1f} %) of "
-              f"{Path(model).name if model else 'the tiny model'}")
+        print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of "
+              f"{Path(model).name if model else 'the tiny model'}: {between:.3f} ms between steps (median; "
+              f"{100 * between / steps:.1f} %), {own:.3f} ms a step of its own with the requests' submission and "
+              f"results ({100 * own / steps:.1f} %, {own / a.overhead * 1e3:.1f} us a sequence)")
         return
     a.model = a.model or "qwen2.5-coder-0.5b"
     path = model_path(a.model)

@@ -603,6 +603,14 @@ def test_engine_errors_are_clear(tiny_path):
         eng.submit("hi")
 
 
+def test_a_sequence_ends_at_its_context_or_its_token_count(tiny_path):
+    with Engine(tiny_path, n_ctx=64, threads=2, max_sequences=2) as eng:
+        bias = {t: -1e9 for t in eng.tokenizer.special.eog}
+        ends = [eng.submit(list(range(1, 41)), max_tokens=n, logit_bias=bias).result(60) for n in (60, 24, 23)]
+    # 40 prompt tokens in a context of 64 leave room for 24; where both limits fall on one token, max_tokens names it
+    assert [(r.metrics.stop_reason, len(r.tokens)) for r in ends] == [("context", 24), ("length", 24), ("length", 23)]
+
+
 def test_llm_calls_from_threads_run_batched(tiny_path, tiny_alone, rng):
     prompts = prompts_for(tiny_alone, 6, rng)
     expected = [tiny_alone.generate(p, max_tokens=16).tokens for p in prompts]

@@ -107,6 +107,7 @@ class Engine:
         # each running sequence's block table in a row of its own (Request.slot), kept as its blocks change, so a
         # step gathers its tables in one indexing instead of a conversion a sequence
         self._tables = np.zeros((max_sequences, self._runner.max_blocks), np.int32)
+        self._ones = np.ones(max_sequences, np.int32)  # a decode step's row counts
         self._window_tables = np.full_like(self._tables, -1) if self.window_pool else None
         self._slots = list(range(max_sequences - 1, -1, -1))
         self._waiting: collections.deque[Request] = collections.deque()
@@ -168,6 +169,7 @@ class Engine:
         req = Request(ids, max_tokens, make_sampler(self.n_vocab, sampling, ids), StopText(self.tokenizer, stop),
                       self.tokenizer.special.eog, logprobs, lookup, self._draft_max if speculate else 0, matcher)
         req._engine = self
+        req.end = min(len(ids) + max_tokens, self.n_ctx)  # where its token count ends it
         if max_tokens == 0:
             req._finish("length")
             return req
@@ -327,12 +329,13 @@ class Engine:
         return victim
 
     def _plan_step(self) -> list[tuple[Request, int]]:
-        """(request, tokens it feeds) for this step: one per decoding sequence, then prompt chunks."""
-        decoding = []
+        """(request, tokens it feeds) for this step: one per decoding sequence, then prompt chunks.  Each loop
+        here runs once a sequence a step: the common case (a decode row, room in its last block, no draft) is
+        the first branch taken."""
+        decoding, reading = [], []  # reading: a prompt (or a preempted sequence's tokens) still to be read
         for r in self._running:
             r.decoding = r.n_kv == len(r.all_tokens) - 1 and bool(r.tokens)
-            if r.decoding:
-                decoding.append(r)
+            (decoding if r.decoding else reading).append(r)
         pool = self.pool
         for r in decoding:  # room for the token each will write: preempt the newest when out of blocks
             if r.blocks is None:  # preempted by an earlier one of these
@@ -351,25 +354,26 @@ class Engine:
                     self._runner.copy_block(*copy)
                 if copy is not None or len(table) != n_table:  # a new last block
                     self._tables[r.slot, len(table) - 1] = table[-1]
-        batch = [(r, 1) for r in self._running if r.decoding]
+        batch = [(r, 1) for r in decoding if r.blocks is not None]
         budget = self.step_tokens - len(batch)
         asks = []  # (request, tokens) to ask the draft model for
-        for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
-            r.draft = []
-            if self._spec_rest or (r.lookup is None and r.draft_policy is None):
-                continue
-            room = min(len(r.blocks.table) * pool.block_size - r.blocks.n_tokens, budget,
-                       r.max_tokens - r.metrics.generated_tokens - 1, self.n_ctx - len(r.all_tokens) - 1)
-            if room <= 0 or pool.refs[r.blocks.table[-1]] != 1:
-                continue
-            if r.lookup is not None:
-                r.draft, r.draft_from = r.lookup.propose(room), r.lookup.policy
-            if not r.draft and r.draft_policy is not None and (k := r.draft_policy.limit(room)) > 0:
-                asks.append((i, k))
-                continue
-            if r.draft:
-                batch[i] = (r, 1 + len(r.draft))
-                budget -= len(r.draft)
+        if not self._spec_rest:
+            for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
+                if r.lookup is None and r.draft_policy is None:  # (r.draft stays empty: only this loop fills it)
+                    continue
+                r.draft = []
+                room = min(len(r.blocks.table) * pool.block_size - r.blocks.n_tokens, budget,
+                           r.max_tokens - r.metrics.generated_tokens - 1, self.n_ctx - len(r.all_tokens) - 1)
+                if room <= 0 or pool.refs[r.blocks.table[-1]] != 1:
+                    continue
+                if r.lookup is not None:
+                    r.draft, r.draft_from = r.lookup.propose(room), r.lookup.policy
+                if not r.draft and r.draft_policy is not None and (k := r.draft_policy.limit(room)) > 0:
+                    asks.append((i, k))
+                    continue
+                if r.draft:
+                    batch[i] = (r, 1 + len(r.draft))
+                    budget -= len(r.draft)
         self._draft_s = 0.0
         if self._spec_rest:
             self._spec_rest -= 1
@@ -383,11 +387,11 @@ class Engine:
                     r.draft, r.draft_from = d[:budget], r.draft_policy
                     batch[i] = (r, 1 + len(r.draft))
                     budget -= len(r.draft)
-        for r in self._running:
+        for r in reading:
             if budget <= 0:
                 break
             left = len(r.all_tokens) - r.n_kv
-            if r.decoding or left <= 0:
+            if left <= 0 or r.blocks is None:
                 continue
             n = min(left, budget)
             batch.append((r, n))
@@ -401,43 +405,53 @@ class Engine:
         # A sequence with a draft runs as 1 + k one-row sequences over its one block table, at consecutive
         # positions: every row's K/V is stored before any row attends, so each row sees the ones before it,
         # and the step returns (or picks from) every row's logits.
-        tokens, positions, lens, slots, owner = [], [], [], [], []
-        first = []  # batch index -> its first row of the step's output
-        rows = []  # rows that sample: a decode row, or a prompt's last chunk
-        spec = set()  # batch indices of sequences with a draft
-        constrained = []  # (matcher, row) of the rows that sample under a constraint
-        greedy = decode_only = True  # every sampling row greedy without logprobs; every sequence decoding
-        best = 0  # the most best logits a sampling row needs, while each needs no more (-1: one needs its row)
-        for i, (r, n) in enumerate(batch):
-            first.append(len(owner))
-            if r.decoding or r.n_kv + n == len(r.all_tokens):
-                rows.append(len(owner))
-                greedy = greedy and r.greedy and r.logprobs is None
-                best = max(best, r.best_k) if best >= 0 and r.best_k > 0 else -1
-                if r.matcher is not None:
-                    constrained.append((r.matcher, len(owner)))
-            decode_only = decode_only and r.decoding
-            if r.decoding and r.draft:
-                spec.add(i)
-                for j, t in enumerate([r.all_tokens[r.n_kv]] + r.draft):
-                    tokens.append(t)
-                    positions.append(r.n_kv + j)
-                    lens.append(1)
-                    slots.append(r.slot)
-                    owner.append(i)
-                continue
-            if n == 1:  # a decode row (most rows of most steps)
-                tokens.append(r.all_tokens[r.n_kv])
-                positions.append(r.n_kv)
-            else:
-                tokens.extend(r.all_tokens[r.n_kv:r.n_kv + n])
-                positions.extend(range(r.n_kv, r.n_kv + n))
-            lens.append(n)
-            slots.append(r.slot)
-            owner.append(i)
+        if all(n == 1 and r.takes_argmax for r, n in batch):  # a greedy step of one row a sequence: most steps
+            reqs = [r for r, _ in batch]
+            positions = [r.n_kv for r in reqs]
+            tokens = [r.all_tokens[k] for r, k in zip(reqs, positions)]
+            slots = [r.slot for r in reqs]
+            lens = self._ones[:len(reqs)]
+            first = owner = range(len(reqs))
+            spec, constrained, greedy, best = (), (), True, 0
+            decode_only = all(r.decoding for r in reqs)
+        else:
+            tokens, positions, lens, slots, owner = [], [], [], [], []
+            first = []  # batch index -> its first row of the step's output
+            rows = []  # rows that sample: a decode row, or a prompt's last chunk
+            spec = set()  # batch indices of sequences with a draft
+            constrained = []  # (matcher, row) of the rows that sample under a constraint
+            greedy = decode_only = True  # every sampling row greedy without logprobs; every sequence decoding
+            best = 0  # the most best logits a sampling row needs, while each needs no more (-1: one needs its row)
+            for i, (r, n) in enumerate(batch):
+                first.append(len(owner))
+                if r.decoding or r.n_kv + n == len(r.all_tokens):
+                    rows.append(len(owner))
+                    greedy = greedy and r.greedy and r.logprobs is None
+                    best = max(best, r.best_k) if best >= 0 and r.best_k > 0 else -1
+                    if r.matcher is not None:
+                        constrained.append((r.matcher, len(owner)))
+                decode_only = decode_only and r.decoding
+                if r.decoding and r.draft:
+                    spec.add(i)
+                    for j, t in enumerate([r.all_tokens[r.n_kv]] + r.draft):
+                        tokens.append(t)
+                        positions.append(r.n_kv + j)
+                        lens.append(1)
+                        slots.append(r.slot)
+                        owner.append(i)
+                    continue
+                if n == 1:  # a decode row (most rows of most steps)
+                    tokens.append(r.all_tokens[r.n_kv])
+                    positions.append(r.n_kv)
+                else:
+                    tokens.extend(r.all_tokens[r.n_kv:r.n_kv + n])
+                    positions.extend(range(r.n_kv, r.n_kv + n))
+                lens.append(n)
+                slots.append(r.slot)
+                owner.append(i)
         tables = self._tables[slots]  # entries past a sequence's last block are ignored
         window_tables = None if self.window_pool is None else self._window_tables[slots]
-        args = (np.asarray(tokens, np.int32), np.asarray(positions, np.int32), np.asarray(lens, np.int32), tables,
+        args = (np.array(tokens, np.int32), np.array(positions, np.int32), np.asarray(lens, np.int32), tables,
                 window_tables)
         lps: dict[int, tuple] = {}
         logits = None
@@ -544,12 +558,11 @@ class Engine:
 
     def _take(self, r: Request, tok: int) -> None:
         """A sequence's next token: streamed, or the end of it."""
-        m = r.metrics
         if r.t_first is None:
+            m = r.metrics
             r.t_first = time.perf_counter()
             m.ttft_s = r.t_first - r.t_submit
             m.prefill_tps = (m.prompt_tokens - m.cached_tokens) / max(r.t_first - r.t_admit, 1e-9)
-        reason = None
         if tok in r.eog:
             reason = "stop"
         else:
@@ -557,11 +570,14 @@ class Engine:
                 r.sampler.accept(tok)
             r.tokens.append(tok)
             r.all_tokens.append(tok)
+            r.metrics.generated_tokens += 1
             if r.lookup is not None:
                 r.lookup.extend([tok])
-            m.generated_tokens += 1
+            reason = None
             if r._engine_text:
                 r._send(r.text.push(tok))
+                if r.text.hit:  # a stop string
+                    reason = "stop"
             else:
                 r._pieces.put(tok)
             if r.matcher is not None:
@@ -572,16 +588,15 @@ class Engine:
                     self._release(r)
                     r._finish("error", e)
                     return
-            if r.text.hit or (r.matcher is not None and r.matcher.done):  # a stop string, or the grammar complete
-                reason = "stop"
-            elif m.generated_tokens >= r.max_tokens:
-                reason = "length"
-            elif len(r.all_tokens) >= self.n_ctx:
-                reason = "context"
-        if reason is not None:
-            self._running.remove(r)
-            self._release(r)
-            r._finish(reason)
+                if r.matcher.done:  # the grammar is complete
+                    reason = "stop"
+            if reason is None:
+                if len(r.all_tokens) < r.end:
+                    return
+                reason = "length" if len(r.tokens) >= r.max_tokens else "context"
+        self._running.remove(r)
+        self._release(r)
+        r._finish(reason)
 
 
 def _logprobs(logits: np.ndarray, tok: int, k: int) -> tuple[float, list[tuple[int, float]]]:

@@ -18,6 +18,7 @@ KV memory.  Reference: tests/test_kv_blocks.py.
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 def chain_hash(parent: bytes, tokens: list[int]) -> bytes:
     """The identity of a full block: its tokens, and (through the parent's hash) every token before it."""
     h = hashlib.blake2b(parent, digest_size=16)
-    h.update(b"".join(int(t).to_bytes(4, "little", signed=True) for t in tokens))
+    h.update(struct.pack(f"<{len(tokens)}i", *tokens))
     return h.digest()
 
 

@@ -39,10 +39,12 @@ class Request:
         self.token_logprobs: list[tuple[float, list[tuple[int, float]]]] = []
         self.all_tokens = list(ids)               # prompt + generated: the sequence the engine runs
         self.max_tokens, self.sampler, self.text, self.eog = max_tokens, sampler, text, eog
+        self.end = len(ids) + max_tokens  # len(all_tokens) that ends it (the engine lowers it to its context)
         self.greedy = sampler.greedy  # argmax, no penalty history to keep (asked once, not every step)
         # how many of a step's best logits its token needs (0: the whole row; logprobs read the whole row)
         self.best_k = sampler.best_needed if logprobs is None and matcher is None else 0
         self.keeps_history = sampler.best_needed == 0  # its penalties read the tokens so far (none where plain)
+        self.takes_argmax = self.greedy and logprobs is None and matcher is None  # its row's argmax, nothing else
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
         self.error: BaseException | None = None
