@@ -77,10 +77,11 @@ class Engine:
                                            local_tokens=window_tokens if window and window_tokens < kv_tokens else 0)
         self.n_ctx, self.n_vocab = self._runner.n_ctx, self._runner.n_vocab
         self._runner.prepare(max_sequences)  # every step shape's plan (and its memory) now, not over hours
-        if self._runner.device == "metal":  # visibly, not silently: which ops of a step leave the GPU
+        if self._runner.device != "cpu":  # visibly, not silently: which ops of a step leave the GPU
             on_cpu = sorted(op for op, where in self.placement().items() if "cpu" in where)
-            warnings.warn(f"Metal batching: {', '.join(on_cpu)} run on the CPU (the KV pool is in host memory; "
-                          "Metal has no paged-KV kernels yet)", RuntimeWarning, stacklevel=2)
+            if on_cpu:
+                warnings.warn(f"{self._runner.device} batching: {', '.join(on_cpu)} run on the CPU (the GPU backend "
+                              "does not support them here)", RuntimeWarning, stacklevel=2)
         self.max_sequences, self.step_tokens = max_sequences, step_tokens
         self._masks = None  # the constrained sequences' masks are computed on llguidance's threads (made at first use)
         self._logits = None  # where a sampled step's logits land (pinned host memory on CUDA), made at first use
@@ -405,15 +406,18 @@ class Engine:
         # A sequence with a draft runs as 1 + k one-row sequences over its one block table, at consecutive
         # positions: every row's K/V is stored before any row attends, so each row sees the ones before it,
         # and the step returns (or picks from) every row's logits.
-        if all(n == 1 and r.takes_argmax for r, n in batch):  # a greedy step of one row a sequence: most steps
+        if all(n == 1 and r.decoding and r.plain for r, n in batch):  # one decode row a sequence: most steps
             reqs = [r for r, _ in batch]
             positions = [r.n_kv for r in reqs]
             tokens = [r.all_tokens[k] for r, k in zip(reqs, positions)]
             slots = [r.slot for r in reqs]
             lens = self._ones[:len(reqs)]
-            first = owner = range(len(reqs))
-            spec, constrained, greedy, best = (), (), True, 0
-            decode_only = all(r.decoding for r in reqs)
+            first = owner = rows = range(len(reqs))
+            spec, constrained, decode_only = (), (), True
+            greedy, best = all(r.greedy for r in reqs), 0
+            if not greedy:  # the most best logits a row needs (-1: one needs its whole row)
+                ks = [r.best_k for r in reqs]
+                best = max(ks) if min(ks) > 0 else -1
         else:
             tokens, positions, lens, slots, owner = [], [], [], [], []
             first = []  # batch index -> its first row of the step's output
@@ -461,10 +465,12 @@ class Engine:
             picked = runner.step_greedy(*args, allow=masks)  # the masks are computed while the step runs
         elif 0 < best <= runner.best_max and not spec:  # each row's top-k crosses, not its whole vocabulary
             vals, ids = runner.step_best(*args, k=best)
-            picked = np.zeros(len(owner), np.int32)
-            every = len(rows) == len(owner)
-            picked[rows] = _minfer.sample_best_rows([batch[owner[k]][0].sampler for k in rows],
-                                                    vals if every else vals[rows], ids if every else ids[rows])
+            samplers = [batch[owner[k]][0].sampler for k in rows]
+            if len(rows) == len(owner):  # every row samples (a decode step)
+                picked = _minfer.sample_best_rows(samplers, vals, ids)
+            else:
+                picked = np.zeros(len(owner), np.int32)
+                picked[rows] = _minfer.sample_best_rows(samplers, vals[rows], ids[rows])
         else:
             if self._logits is None:
                 self._logits = runner.logits_buffer(self.max_sequences)

@@ -44,7 +44,7 @@ class Request:
         # how many of a step's best logits its token needs (0: the whole row; logprobs read the whole row)
         self.best_k = sampler.best_needed if logprobs is None and matcher is None else 0
         self.keeps_history = sampler.best_needed == 0  # its penalties read the tokens so far (none where plain)
-        self.takes_argmax = self.greedy and logprobs is None and matcher is None  # its row's argmax, nothing else
+        self.plain = logprobs is None and matcher is None  # its token is all a step reads of its row
         self.tokens: list[int] = []               # generated
         self.metrics = Metrics(prompt_tokens=len(ids))
         self.error: BaseException | None = None
