@@ -73,5 +73,15 @@ struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type 
     uint ring;        // as KvStoreArgs
 };
 
+struct PagedAttnArgs {  // attention_paged: a batch step's rows over a pool of KV blocks (kv_type as above)
+    uint n_head, n_head_kv, head_dim, q_ld, o_ld, kv_type;
+    float scale;
+    uint window;      // as AttnArgs
+    uint block_size;  // rows a block
+    uint n_blocks;    // blocks in the pool
+    uint max_blocks;  // entries of a sequence's block table
+    uint n_seqs;      // sequences of the step (rows of the tables)
+};
+
 // The first key a query at position p sees.
 static inline uint first_key(int p, uint window) { return window > 0 && uint(p) >= window ? uint(p) - window + 1 : 0; }

@@ -1,6 +1,7 @@
-// The KV store and causal GQA attention over the cache (f32 or f16 rows of
+// The KV store and causal GQA attention over the cache (f32, f16 or q8_0 rows of
 // n_head_kv * head_dim values, one row per position; a local layer's window of
-// positions, in a ring of rows where its cache is one: args.h).
+// positions, in a ring of rows where its cache is one: args.h), or over a batch
+// step's pool of KV blocks (attention_paged; the store takes each token's pool row).
 //
 // attention: one threadgroup of 128 threads per (query head, row); the row's
 // visible positions 0..pos are walked in chunks of 128 with an online
@@ -52,6 +53,60 @@ static float tg_reduce(float v, bool is_max, threadgroup float* red, uint lane, 
     return t;
 }
 
+// Where position j's K/V row is: one sequence's cache (a local layer's ring), or a batch's pool through the row's
+// block table (the host checked its entries; out-of-range ones are clamped so that no read leaves the pool).
+struct RingRows {
+    uint ring;
+    uint operator()(uint j) const { return kv_row(j, ring); }
+};
+struct PagedRows {
+    device const int* table;
+    uint block_size, n_blocks;
+    uint operator()(uint j) const {
+        return uint(clamp(table[j / block_size], 0, int(n_blocks) - 1)) * block_size + j % block_size;
+    }
+};
+
+// The online softmax of one (query head, row) over positions j0, j0 + 128 .. of chunks of 128 up to p, every
+// `stride` positions a chunk: each thread scores one position, the chunk's max and sum are reduced over the
+// threadgroup, and each thread accumulates output dims tid and tid + 128.  Returns (max, sum, o0, o1).
+struct Online {
+    float m, l, o0, o1;
+};
+template <typename Rows>
+static Online attend(device const float* qh, device const uchar* K, device const uchar* V, uint kv_type, uint dim,
+                     uint col0, uint hd, float scale, uint j_first, uint p, uint stride, Rows rows,
+                     threadgroup float* s, threadgroup float* red, uint tid, uint lane, uint sg, uint nsg) {
+    Online o = {-INFINITY, 0.0f, 0.0f, 0.0f};
+    for (uint j0 = j_first; j0 <= p; j0 += stride) {
+        const uint n = min(128u, p + 1 - j0);
+        float sc = -INFINITY;
+        if (tid < n) {
+            const uint row = rows(j0 + tid);
+            float dot = 0.0f;
+            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, kv_type, row, dim, col0 + d);
+            sc = dot * scale;
+        }
+        const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
+        const float nm = max(o.m, cm), corr = exp(o.m - nm);
+        const float e = tid < n ? exp(sc - nm) : 0.0f;
+        s[tid] = e;
+        const float cs = tg_reduce(e, false, red, lane, sg, nsg);  // its barriers publish s[] too
+        o.l = o.l * corr + cs;
+        o.m = nm;
+        float acc0 = 0.0f, acc1 = 0.0f;
+        for (uint jj = 0; jj < n; jj++) {
+            const uint row = rows(j0 + jj);
+            if (tid < hd) acc0 += s[jj] * kv_at(V, kv_type, row, dim, col0 + tid);
+            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, kv_type, row, dim, col0 + tid + 128);
+        }
+        o.o0 = o.o0 * corr + acc0;
+        o.o1 = o.o1 * corr + acc1;
+        threadgroup_barrier(mem_flags::mem_threadgroup);  // s[] is rewritten by the next chunk
+    }
+    return o;
+}
+
 kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q [[buffer(1)]],
                       device const int* pos [[buffer(2)]], device const uchar* K [[buffer(3)]],
                       device const uchar* V [[buffer(4)]], device float* out [[buffer(5)]],
@@ -63,35 +118,31 @@ kernel void attention(constant AttnArgs& a [[buffer(0)]], device const float* q 
     const uint h = tg.x, r = tg.y, hd = a.head_dim, dim = a.n_head_kv * hd;
     const uint col0 = (h / (a.n_head / a.n_head_kv)) * hd;
     const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);  // the host checked positions; stay in bounds regardless
-    device const float* qh = q + r * a.q_ld + h * hd;
-    float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
-    for (uint j0 = first_key(p, a.window); j0 <= uint(p); j0 += 128) {
-        const uint n = min(128u, uint(p) + 1 - j0);
-        float sc = -INFINITY;
-        if (tid < n) {
-            float dot = 0.0f;
-            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, kv_row(j0 + tid, a.ring), dim, col0 + d);
-            sc = dot * a.scale;
-        }
-        const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
-        const float nm = max(m, cm), corr = exp(m - nm);
-        const float e = tid < n ? exp(sc - nm) : 0.0f;
-        s[tid] = e;
-        const float cs = tg_reduce(e, false, red, lane, sg, nsg);  // its barriers publish s[] too
-        l = l * corr + cs;
-        m = nm;
-        float acc0 = 0.0f, acc1 = 0.0f;
-        for (uint jj = 0; jj < n; jj++) {
-            const uint row = kv_row(j0 + jj, a.ring);
-            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid);
-            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid + 128);
-        }
-        o0 = o0 * corr + acc0;
-        o1 = o1 * corr + acc1;
-        threadgroup_barrier(mem_flags::mem_threadgroup);  // s[] is rewritten by the next chunk
-    }
-    if (tid < hd) out[r * a.o_ld + h * hd + tid] = o0 / l;
-    if (tid + 128 < hd) out[r * a.o_ld + h * hd + tid + 128] = o1 / l;
+    const Online o = attend(q + r * a.q_ld + h * hd, K, V, a.kv_type, dim, col0, hd, a.scale, first_key(p, a.window),
+                            uint(p), 128, RingRows{a.ring}, s, red, tid, lane, sg, nsg);
+    if (tid < hd) out[r * a.o_ld + h * hd + tid] = o.o0 / o.l;
+    if (tid + 128 < hd) out[r * a.o_ld + h * hd + tid + 128] = o.o1 / o.l;
+}
+
+// A batch step's attention over the paged pool: row r belongs to sequence seq[r], whose position j is in block
+// tables[seq[r]][j / block_size]; one threadgroup per (query head, row) as `attention`, rows of any sequences.
+kernel void attention_paged(constant PagedAttnArgs& a [[buffer(0)]], device const float* q [[buffer(1)]],
+                            device const int* pos [[buffer(2)]], device const int* seq [[buffer(3)]],
+                            device const int* tables [[buffer(4)]], device const uchar* K [[buffer(5)]],
+                            device const uchar* V [[buffer(6)]], device float* out [[buffer(7)]],
+                            threadgroup float* s [[threadgroup(0)]], threadgroup float* red [[threadgroup(1)]],
+                            uint2 tg [[threadgroup_position_in_grid]], uint tid [[thread_index_in_threadgroup]],
+                            uint lane [[thread_index_in_simdgroup]], uint sg [[simdgroup_index_in_threadgroup]],
+                            uint nsg [[simdgroups_per_threadgroup]]) {
+    const uint h = tg.x, r = tg.y, hd = a.head_dim, dim = a.n_head_kv * hd;
+    const uint col0 = (h / (a.n_head / a.n_head_kv)) * hd;
+    const int p = clamp(pos[r], 0, int(a.max_blocks * a.block_size) - 1);  // (the host checked; stay in bounds)
+    const uint sq = uint(clamp(seq[r], 0, int(a.n_seqs) - 1));
+    const PagedRows rows = {tables + sq * a.max_blocks, a.block_size, a.n_blocks};
+    const Online o = attend(q + r * a.q_ld + h * hd, K, V, a.kv_type, dim, col0, hd, a.scale, first_key(p, a.window),
+                            uint(p), 128, rows, s, red, tid, lane, sg, nsg);
+    if (tid < hd) out[r * a.o_ld + h * hd + tid] = o.o0 / o.l;
+    if (tid + 128 < hd) out[r * a.o_ld + h * hd + tid + 128] = o.o1 / o.l;
 }
 
 // The KV-split variant for decode (flash decoding): gridDim.z = S blocks share
@@ -110,40 +161,16 @@ kernel void attention_split(constant AttnArgs& a [[buffer(0)]], device const flo
     const uint h = tg.x, r = tg.y, z = tg.z, S = ngrid.z, hd = a.head_dim, dim = a.n_head_kv * hd;
     const uint col0 = (h / (a.n_head / a.n_head_kv)) * hd;
     const int p = clamp(pos[r], 0, int(a.n_ctx) - 1);
-    device const float* qh = q + r * a.q_ld + h * hd;
-    float m = -INFINITY, l = 0.0f, o0 = 0.0f, o1 = 0.0f;
-    for (uint j0 = first_key(p, a.window) + z * 128; j0 <= uint(p); j0 += S * 128) {
-        const uint n = min(128u, uint(p) + 1 - j0);
-        float sc = -INFINITY;
-        if (tid < n) {
-            float dot = 0.0f;
-            for (uint d = 0; d < hd; d++) dot += qh[d] * kv_at(K, a.kv_type, kv_row(j0 + tid, a.ring), dim, col0 + d);
-            sc = dot * a.scale;
-        }
-        const float cm = tg_reduce(sc, true, red, lane, sg, nsg);
-        const float nm = max(m, cm), corr = exp(m - nm);
-        const float e = tid < n ? exp(sc - nm) : 0.0f;
-        s[tid] = e;
-        const float cs = tg_reduce(e, false, red, lane, sg, nsg);
-        l = l * corr + cs;
-        m = nm;
-        float acc0 = 0.0f, acc1 = 0.0f;
-        for (uint jj = 0; jj < n; jj++) {
-            const uint row = kv_row(j0 + jj, a.ring);
-            if (tid < hd) acc0 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid);
-            if (tid + 128 < hd) acc1 += s[jj] * kv_at(V, a.kv_type, row, dim, col0 + tid + 128);
-        }
-        o0 = o0 * corr + acc0;
-        o1 = o1 * corr + acc1;
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-    }
+    const Online o = attend(q + r * a.q_ld + h * hd, K, V, a.kv_type, dim, col0, hd, a.scale,
+                            first_key(p, a.window) + z * 128, uint(p), S * 128, RingRows{a.ring}, s, red, tid, lane,
+                            sg, nsg);
     device float* part = partial + ((r * a.n_head + h) * S + z) * (hd + 2);
     if (tid == 0) {
-        part[0] = m;
-        part[1] = l;
+        part[0] = o.m;
+        part[1] = o.l;
     }
-    if (tid < hd) part[2 + tid] = o0;
-    if (tid + 128 < hd) part[2 + tid + 128] = o1;
+    if (tid < hd) part[2 + tid] = o.o0;
+    if (tid + 128 < hd) part[2 + tid + 128] = o.o1;
 }
 
 // out = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z over the S partials of each (head, row).

@@ -550,8 +550,8 @@ def test_a_thousand_random_requests(tiny_path, rng):
 
 
 def test_engine_placement(tiny_path):
-    """Engine.placement() names the backend of each op of a step; on the CPU every op is there and nothing warns
-    (on Metal the paged KV ops are on the CPU and the engine warns: test_metal_mock's batch test)."""
+    """Engine.placement() names the backend of each op of a step, a prompt step's PickRows included; on the CPU
+    every op is there and nothing warns (Metal: test_metal_mock's batch test)."""
     import warnings
 
     with warnings.catch_warnings():
@@ -559,7 +559,7 @@ def test_engine_placement(tiny_path):
         eng = Engine(tiny_path, n_ctx=64, threads=2, max_sequences=2)
     try:
         place = eng.placement()
-        assert {"MatMul", "KvStore", "Attn"} <= set(place) and all(v == ["cpu"] for v in place.values()), place
+        assert {"MatMul", "KvStore", "Attn", "PickRows"} <= set(place) and all(v == ["cpu"] for v in place.values()), place
     finally:
         eng.close()
 

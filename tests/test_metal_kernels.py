@@ -305,6 +305,73 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
         assert np.abs(split - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
+@pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
+@pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (4, 2, 256)])
+@pytest.mark.parametrize("window", [0, 20], ids=["causal", "window"])
+def test_paged_kv_store_and_attention(k, rng, kv_type, n_head, n_head_kv, head_dim, window):
+    """A batch step over a pool of KV blocks: three sequences whose blocks are scattered over the pool (tables
+    shuffled), earlier tokens stored at their pool rows, then a ragged step (one decode row, a 4-row prompt chunk,
+    one decode row in a sequence spanning 5 blocks) stored and attended by attention_paged, each row against
+    float64 attention over its own sequence's positions.  A table entry past the pool is clamped, not followed
+    (the ASan build of this test reads nothing outside the pool)."""
+    bs, n_blocks, max_blocks = 16, 12, 6
+    dim = n_head_kv * head_dim
+    row_bytes = {0: 4 * dim, 1: 2 * dim, 8: dim // 32 * 34}[kv_type]
+    K = np.zeros(n_blocks * bs * row_bytes, np.uint8)
+    V = np.zeros_like(K)
+    blocks = rng.permutation(n_blocks)
+    lens, new = [9, 20, 75], [1, 4, 1]  # tokens each sequence has after the step; of them this step's
+    tables = np.full((3, max_blocks), 1000, np.int32)  # entries past a sequence's blocks: outside the pool
+    used = 0
+    for s, n in enumerate(lens):
+        nb = -(-n // bs)
+        tables[s, :nb] = blocks[used:used + nb]
+        used += nb
+    err = np.zeros(1, np.uint32)
+
+    def store(kk, vv, slots):
+        k.dispatch("kv_store", {0: pack("IIIIII", dim, n_blocks * bs, dim, dim, kv_type, 0), 1: kk, 2: vv, 3: slots,
+                                4: K, 5: V, 6: err}, grid=((dim + 63) // 64, len(slots), 1), tg=(64, 1, 1))
+
+    slot = lambda s, p: tables[s, p // bs] * bs + p % bs  # noqa: E731
+    Ks = [(rng.standard_normal((n, dim)) * 2).astype(np.float32) for n in lens]
+    Vs = [rng.standard_normal((n, dim)).astype(np.float32) for n in lens]
+    for s, n in enumerate(lens):  # the earlier steps
+        old = n - new[s]
+        store(Ks[s][:old].copy(), Vs[s][:old].copy(), np.array([slot(s, p) for p in range(old)], np.int32))
+    seq = np.concatenate([[s] * new[s] for s in range(3)]).astype(np.int32)
+    pos = np.concatenate([np.arange(lens[s] - new[s], lens[s]) for s in range(3)]).astype(np.int32)
+    store(np.concatenate([Ks[s][-new[s]:] for s in range(3)]), np.concatenate([Vs[s][-new[s]:] for s in range(3)]),
+          np.array([slot(s, p) for s, p in zip(seq, pos)], np.int32))
+    assert err[0] == 0
+    rows = len(pos)
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    out = np.full((rows, n_head * head_dim), np.nan, np.float32)
+    scale = 1 / np.sqrt(head_dim)
+    k.dispatch("attention_paged", {0: pack("IIIIIIfIIIII", n_head, n_head_kv, head_dim, n_head * head_dim,
+                                           n_head * head_dim, kv_type, scale, window, bs, n_blocks, max_blocks, 3),
+                                   1: q, 2: pos, 3: seq, 4: tables, 5: K, 6: V, 7: out},
+               grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
+    if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
+        cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
+    else:
+        cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))  # noqa: E731
+    ref = np.zeros_like(out, np.float64)
+    for r in range(rows):
+        s, p = seq[r], pos[r]
+        lo = max(0, p - window + 1) if window else 0
+        Kc, Vc = cast(Ks[s][lo:p + 1]), cast(Vs[s][lo:p + 1])
+        ref[r] = causal_attention_f64(q[r:r + 1], Kc, Vc, [p - lo], n_head, n_head_kv, head_dim)
+    assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
+    # a row whose table points past the pool (the host refuses such a step; the kernel still stays inside)
+    tables[2, :] = [n_blocks + 5, -3, 10**6, 7, 0, 1]
+    k.dispatch("attention_paged", {0: pack("IIIIIIfIIIII", n_head, n_head_kv, head_dim, n_head * head_dim,
+                                           n_head * head_dim, kv_type, scale, window, bs, n_blocks, max_blocks, 3),
+                                   1: q, 2: pos, 3: seq, 4: tables, 5: K, 6: V, 7: out},
+               grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
+    assert np.all(np.isfinite(out))
+
+
 @pytest.mark.parametrize("n_ctx", [16384, 32768])
 def test_attention_at_long_context(k, rng, n_ctx):
     """The kernels a long context takes, over a full f16 cache (4 query heads over 2 KV heads, head_dim 128):

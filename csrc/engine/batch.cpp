@@ -211,10 +211,11 @@ void BatchRunner::prepare(int max_seqs) {
 }
 
 std::map<std::string, std::set<std::string>> BatchRunner::placement() {
-    Plan& pl = plan(1, 1);  // a decode step's plan: the same ops on the same backends as any other
+    // a decode step's plan and one with a prompt row (its PickRows): the ops of every step, on their backends
     std::map<std::string, std::set<std::string>> out;
-    for (const Node& n : pl.graph().nodes)
-        if (n.op != Op::Input && n.backend >= 0) out[op_name(n.op)].insert(sched_.backends()[size_t(n.backend)]->name());
+    for (int n_tokens : {1, 2})
+        for (const Node& n : plan(n_tokens, 1).graph().nodes)
+            if (n.op != Op::Input && n.backend >= 0) out[op_name(n.op)].insert(sched_.backends()[size_t(n.backend)]->name());
     return out;
 }
 

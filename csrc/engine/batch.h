@@ -53,8 +53,7 @@ class BatchRunner {
     // Builds now the plans that steps of up to max_seqs sequences take (a decode plan and a mixed one per power of
     // two), so that a server's memory is all taken at start rather than as rarer step shapes first come.
     void prepare(int max_seqs);
-    // Which backends run each op of the step's graph (op name -> backend names): on Metal, the paged KV pool and
-    // its attention are on the CPU.
+    // Which backends run each op of a step's graph (op name -> backend names), decode and prompt steps together.
     std::map<std::string, std::set<std::string>> placement();
     // Copies block src's KV rows to block dst in every layer of its pool (copy-on-write of a shared block):
     // the sliding-window layers' own pool where local, else the one pool.

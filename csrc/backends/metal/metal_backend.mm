@@ -314,9 +314,9 @@ bool MetalBackend::supports_op(const Node& node) const {
                 if (!ffn && !b->empty() && !has(*b, true)) return false;
             return node.op != Op::FusedQkvNorm || (has(m.q_norm, true) && has(m.k_norm, true));
         }
-        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:
-            // a batch step's paged pool: no Metal kernels yet, so the pool and its ops live on the CPU
-            if (node.meta.block_size > 0) return false;
+        case Op::PickRows:  // (get_rows_f32 over the activations: 8 values a thread)
+            return node.cols % 8 == 0;
+        case Op::KvStore: case Op::Attn: case Op::RopeKvStore:  // a batch step's too: its pool, tables and slots
             return (node.meta.kv_type == GGML_TYPE_F32 || node.meta.kv_type == GGML_TYPE_F16 ||
                     (node.meta.kv_type == GGML_TYPE_Q8_0 && node.meta.n_head_kv * node.meta.head_dim % 32 == 0)) &&
                    node.meta.head_dim <= 256;
@@ -602,6 +602,12 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             return dispatch(k.c_str(), &g, sizeof g, {Bound{w.buffer, w.offset, w.nbytes}, in(0, 1), out, err},
                             MTLSizeMake((w.cols / 8 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
+        case Op::PickRows: {  // each sequence's row: the gather of get_rows over f32 activations
+            const BufRef& x = a.in[0];
+            GetRowsArgs g{cols, uint(x.ld * 4), uint(x.rows), uint(a.out.ld)};
+            return dispatch("get_rows_f32", &g, sizeof g, {at(x, x.rows, cols), in(1, 1), out, err},
+                            MTLSizeMake((cols / 8 + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
+        }
         case Op::TailRow: {
             EwArgs e{cols, uint(a.in[0].ld), uint(a.in[0].ld), uint(a.out.ld), EW_COPY, 1.0f};
             BufRef src = a.in[0];
@@ -673,6 +679,15 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
                             MTLSizeMake((dim + 63) / 64, rows, 1), MTLSizeMake(64, 1, 1));
         }
         case Op::Attn: {
+            if (m.block_size > 0) {  // a batch step: rows of several sequences over the pool's blocks
+                const uint bs = uint(m.block_size), max_blocks = uint(a.in[4].ld), n_seqs = uint(a.in[4].rows);
+                PagedAttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(a.in[0].ld), uint(a.out.ld),
+                                uint(m.kv_type), m.attn_scale, uint(m.window), bs, uint(m.n_ctx) / bs, max_blocks, n_seqs};
+                return dispatch("attention_paged", &t, sizeof t,
+                                {in(0, cols), in(1, 1), in(3, 1), at(a.in[4], n_seqs, max_blocks), whole(a.kv_k),
+                                 whole(a.kv_v), out},
+                                MTLSizeMake(uint(m.n_head), rows, 1), MTLSizeMake(128, 1, 1), {128 * 4, 4 * 4});
+            }
             const uint S = (uint(m.n_ctx) + 511) / 512;  // one split per 512 cached positions (fixed by n_ctx)
             AttnArgs t{uint(m.n_head), uint(m.n_head_kv), uint(m.head_dim), uint(m.n_ctx), uint(a.in[0].ld),
                        uint(a.out.ld), uint(m.kv_type), m.attn_scale, S, rows, uint(m.window), uint(m.kv_ring)};
