@@ -62,6 +62,7 @@ static inline uint kv_row(uint p, uint ring) { return ring > 0 ? p % ring : p; }
 struct RopeStoreArgs { // rope_kv_store: rope(q) -> y; rope(k) and v stored at the row's position
     uint q_cols, kv_dim, head_dim, rope_dim, neox, q_ld, k_ld, v_ld, y_ld, n_ctx, kv_type;
     uint ring;        // as KvStoreArgs
+    uint paged;       // 1: a batch step's, each row stored at its pool row (the rows buffer), not its position's
 };
 
 struct AttnArgs {     // causal GQA attention of q rows over the cache, kv_type as above

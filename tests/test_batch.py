@@ -154,8 +154,9 @@ def test_cuda_batch_step_converts_one_input(n, n_ctx):
     first layer's q/k/v (its norm has no residual to add: a plain RmsNorm, which writes no bf16): the other
     norms, the attention (its combine, or the unsplit tensor-core kernel: 5 sequences of 1024 positions split
     the keys, 64 of 64 do not) and the SwiGLU write them in gemm_mma's layout for the product after them; q, k
-    and v (gate and up) of one weight type share a launch.  Each sequence's logits follow the CPU's (a product
-    reading a wrongly laid out input gives noise)."""
+    and v (gate and up) of one weight type share a launch; RoPE of q and k and the store of k and v at the tokens'
+    pool rows are one kernel a layer (FusedQkvRope: past one row, rope_kv_store after the product).  Each sequence's
+    logits follow the CPU's (a product reading a wrongly laid out input gives noise)."""
     require_cuda()
     path = layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")
     model = _minfer.Model(str(path))
@@ -177,6 +178,9 @@ def test_cuda_batch_step_converts_one_input(n, n_ctx):
         if device == "cuda":
             assert launched.get("mma_act", 0) == 1, launched
             assert launched["gemm_mma"] == launches
+            assert launched.get("rope_kv_store", 0) == 28, launched
+            place = runner.placement()
+            assert "FusedQkvRope" in place and "Rope" not in place and "KvStore" not in place, place
     for s in range(n):  # bf16 products against the CPU's 8-bit ones, 28 layers deep: the same logits, not the bits
         assert np.corrcoef(out["cuda"][s], out["cpu"][s])[0, 1] >= 0.99, s
 
@@ -185,7 +189,9 @@ def test_cuda_batch_step_converts_one_input(n, n_ctx):
 def test_cuda_two_sequences_are_each_alone(force):
     """A CUDA batch of two sequences (the 1.5B layout: Q4_K/Q6_K products on the matvec's two-row kernel) gives
     each sequence the bits of that sequence stepped alone, over two steps (the second attends two rows): the
-    tensor-core decode attention computes a (KV head, row, split) block the same in any batch."""
+    tensor-core decode attention computes a (KV head, row, split) block the same in any batch, and a sequence
+    alone (one row: q/k/v's matvec rotates and stores in its epilogue, at the token's pool row -- blocks 5 and 7
+    here, not its position's row) as rope_kv_store does after the two-row product."""
     require_cuda()
     model = _minfer.Model(str(layout_model("qwen2.5-coder-1.5b-instruct-q4_k_m")))
     toks = np.array([[17, 923], [151000, 5]], np.int32)
@@ -194,7 +200,7 @@ def test_cuda_two_sequences_are_each_alone(force):
         n = len(ids)
         runner = _minfer.BatchRunner(model, n_ctx=64, threads=2, kv_tokens=1024, block_size=32, device="cuda")
         tables = np.zeros((n, runner.max_blocks), np.int32)
-        tables[:, 0] = np.arange(n)
+        tables[:, 0] = 5 + 2 * np.arange(n)
         return [runner.step(ids[:, s].copy(), np.full(n, s, np.int32), np.ones(n, np.int32), tables) for s in (0, 1)]
 
     both = run(toks)

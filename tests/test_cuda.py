@@ -212,6 +212,38 @@ def test_qkv_rope_matches_unfused(q15, rng, force, rows, kv_type, neox, path):
         s.run_ops("cuda", bad, fused_nodes[:1])
 
 
+@pytest.mark.parametrize("rows,path", [(1, "epilogue"), (3, "kernel")])
+def test_qkv_rope_stores_at_pool_rows(q15, rng, force, rows, path):
+    """A batch step's FusedQkvRope (its third input: each token's pool row) rotates q and k at the positions and
+    stores k and v at the pool rows -- in the decode matvec's epilogue (one row) or by rope_kv_store after the
+    product -- with the bits of FusedQKV, two Ropes and a KvStore at those rows; the paged attention through
+    the shuffled block table reads what each wrote."""
+    m, s = q15
+    (x, pos), _, _ = qkv_rope_case(rng, rows, "f16", True)
+    bs, n_blocks = 16, 64
+    table = rng.permutation(n_blocks).astype(np.int32).reshape(1, n_blocks)
+    slots = (table[0, pos // bs] * bs + pos % bs).astype(np.int32)
+    seq = np.zeros((rows, 1), np.int32)
+    L = "blk.5."
+    meta = dict(wq=L + "attn_q.weight", wk=L + "attn_k.weight", wv=L + "attn_v.weight", bq=L + "attn_q.bias",
+                bk=L + "attn_k.bias", bv=L + "attn_v.bias", q_cols=1536, k_cols=256, v_cols=256, n_head=12,
+                n_head_kv=2, head_dim=128, kv_type="f16", n_ctx=n_blocks * bs, attn_scale=float(1 / np.sqrt(128)),
+                layer=0, rope_dim=128, rope_base=1e6, rope_neox=True, block_size=bs)
+    inputs = [x, pos, slots, seq, table]
+    unfused = s.run_ops("cuda", inputs, [
+        dict(op="FusedQKV", inputs=[0], rows=rows, cols=2048, meta=meta),
+        dict(op="Rope", inputs=[(5, 0, 1536), 1], rows=rows, cols=1536, meta=meta),
+        dict(op="Rope", inputs=[(5, 1536, 256), 1], rows=rows, cols=256, meta=meta),
+        dict(op="KvStore", inputs=[7, (5, 1792, 256), 2], rows=rows, cols=1, meta=meta),
+        dict(op="Attn", inputs=[6, 1, 8, 3, 4], rows=rows, cols=1536, meta=meta)])
+    force("cuda.qkv_rope", "epilogue" if path == "epilogue" else "1")
+    fused = s.run_ops("cuda", inputs, [
+        dict(op="FusedQkvRope", inputs=[0, 1, 2], rows=rows, cols=2048, meta=meta),
+        dict(op="Attn", inputs=[(5, 0, 1536), 1, 5, 3, 4], rows=rows, cols=1536, meta=meta)])
+    assert np.array_equal(fused[5][:, :1536], unfused[6])  # q rotated at the positions
+    assert np.array_equal(fused[6], unfused[9])  # the attention over the rows each stored
+
+
 @pytest.mark.parametrize("n_ctx", [64, 8448], ids=["warp-attention", "tc-attention"])
 @pytest.mark.parametrize("layout", ["qwen2.5-coder-1.5b-instruct-q4_k_m", "deepseek-r1-distill-qwen-7b-q4_k_m"],
                          ids=["1.5b", "7b"])

@@ -418,9 +418,11 @@ def test_attention_at_long_context(k, rng, n_ctx):
 
 @pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("neox,head_dim,rope_dim", [(True, 128, 128), (False, 64, 32)])
-def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, rope_dim):
+@pytest.mark.parametrize("paged", [False, True], ids=["positions", "pool-rows"])
+def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, rope_dim, paged):
     """The decode fusion computes exactly what the rope and kv_store kernels compute: the same rotated q,
-    the same cache bytes; a position outside the cache flags the error word and stores nothing."""
+    the same cache bytes, stored at the rows' positions or (a batch step's) at their pool rows while rotated at
+    their positions; a row outside the cache flags the error word and stores nothing."""
     rows, n_head, n_head_kv, n_ctx = 3, 12, 2, 64
     qc, dim = n_head * head_dim, n_head_kv * head_dim
     row_bytes = {0: 4 * dim, 1: 2 * dim, 8: dim // 32 * 34}[kv_type]
@@ -428,6 +430,7 @@ def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, ro
     kx = (rng.standard_normal((rows, dim)) * 2).astype(np.float32)
     v = rng.standard_normal((rows, dim)).astype(np.float32)
     pos = np.array([40, 7, 63], np.int32)
+    at = np.array([17, 50, 2], np.int32) if paged else pos  # where each row is stored
     freq = (1e6 ** (-2.0 * np.arange(rope_dim // 2) / rope_dim)).astype(np.float32)
     # unfused: rope q, rope k, store
     yq, yk = np.full_like(q, np.nan), np.full_like(kx, np.nan)
@@ -436,21 +439,23 @@ def test_rope_kv_store_is_rope_then_kv_store(k, rng, kv_type, neox, head_dim, ro
                    grid=((c // 2 + 63) // 64, rows, 1), tg=(64, 1, 1))
     K1, V1 = np.zeros(n_ctx * row_bytes, np.uint8), np.zeros(n_ctx * row_bytes, np.uint8)
     err = np.zeros(1, np.uint32)
-    k.dispatch("kv_store", {0: pack("IIIIII", dim, n_ctx, dim, dim, kv_type, 0), 1: yk, 2: v, 3: pos, 4: K1, 5: V1,
+    k.dispatch("kv_store", {0: pack("IIIIII", dim, n_ctx, dim, dim, kv_type, 0), 1: yk, 2: v, 3: at, 4: K1, 5: V1,
                             6: err},
                grid=((dim + 63) // 64, rows, 1), tg=(64, 1, 1))
+    assert K1.reshape(n_ctx, row_bytes)[at].any(axis=1).all()
     # fused
     y = np.full_like(q, np.nan)
     K2, V2 = np.zeros_like(K1), np.zeros_like(V1)
-    args = pack("I" * 12, qc, dim, head_dim, rope_dim, int(neox), qc, dim, dim, qc, n_ctx, kv_type, 0)
-    fused = lambda p: k.dispatch(  # noqa: E731
-        "rope_kv_store", {0: args, 1: q, 2: kx, 3: v, 4: p, 5: freq, 6: y, 7: K2, 8: V2, 9: err},
+    args = pack("I" * 13, qc, dim, head_dim, rope_dim, int(neox), qc, dim, dim, qc, n_ctx, kv_type, 0, int(paged))
+    fused = lambda p, r: k.dispatch(  # noqa: E731
+        "rope_kv_store", {0: args, 1: q, 2: kx, 3: v, 4: p, 5: freq, 6: y, 7: K2, 8: V2, 9: err, 10: r},
         grid=(rows, 1, 1), tg=(128, 1, 1), tg_bytes={0: dim * 4})
-    fused(pos)
+    fused(pos, at)
     assert err[0] == 0
     assert np.array_equal(y, yq) and np.array_equal(K2, K1) and np.array_equal(V2, V1)
     K2[:] = 0
-    fused(np.array([40, 64, 3], np.int32))  # row 1 is past the cache
+    bad = np.array([40, 64, 3], np.int32)  # row 1 is past the cache
+    fused(pos if paged else bad, bad if paged else pos)
     assert err[0] == 2
     written = K2.reshape(n_ctx, row_bytes).any(axis=1)
     assert written[40] and written[3] and written.sum() == 2

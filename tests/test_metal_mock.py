@@ -280,8 +280,8 @@ def test_gemma3_on_the_mock_device(setup, tmp_path):
 
 
 def test_batch_steps_on_the_mock_device(setup, tmp_path):
-    """A Metal BatchRunner: every op of the step on Metal -- the paged KV pool in a Metal buffer, the store at each
-    token's pool row, attention_paged through the block tables (the first sequence's blocks 3 and 0, out of
+    """A Metal BatchRunner: every op of the step on Metal -- the paged KV pool in a Metal buffer, RoPE with the
+    store at each token's pool row (rope_kv_store), attention_paged through the block tables (the first sequence's blocks 3 and 0, out of
     order), each sequence's last row picked -- two sequences of a ragged prompt step then a decode step each
     against the float64 model of each sequence alone; the decode step's 5 best a row (step_best: the logits read
     back, then a scan) are numpy's top-5 of its logits."""
@@ -293,7 +293,9 @@ def test_batch_steps_on_the_mock_device(setup, tmp_path):
     assert r.returncode == 0 and lines and lines[-1] == "batch ok", (r.stdout[-2000:], r.stderr[-3000:])
     place = dict(item.split("=") for item in lines[-2].split()[1:])
     assert all(where == "metal" for where in place.values()), place
-    assert {"KvStore", "Attn", "PickRows", "FusedQKV", "FusedFFN", "MatMul"} <= set(place), place
+    # RoPE of q and k with the store at the pool rows: one kernel, as in decode
+    assert {"RopeKvStore", "Attn", "PickRows", "FusedQKV", "FusedFFN", "MatMul"} <= set(place), place
+    assert "Rope" not in place and "KvStore" not in place, place
     got = np.fromfile(tmp_path / "batch.f32", np.float32).reshape(4, -1)
     a, b = TOKENS[:8], [9, 10, 11, 12, 13]
     for row, toks in zip(got, (a, b, a + [3], b + [200])):

@@ -164,10 +164,11 @@ struct Fuser {
         }
     }
 
-    // KvStore(Rope(k), v) and the Rope(q) its layer's Attn reads, at the same
-    // positions with the same rotation: one node that rotates q (its output),
-    // rotates k and stores k and v.  The Attn reads q from it and, as its
-    // ordering input, waits on it.
+    // KvStore(Rope(k), v) and the Rope(q) its layer's Attn reads, with the same
+    // rotation at the positions the store writes (or, a batch step's paged
+    // store, at any positions: its rows come as a fifth input): one node that
+    // rotates q (its output), rotates k and stores k and v.  The Attn reads q
+    // from it and, as its ordering input, waits on it.
     void rope_store() {
         count_consumers();
         for (size_t i = 0; i < g.nodes.size(); i++) {
@@ -181,7 +182,8 @@ struct Fuser {
             if (RK.op != Op::Rope || RQ.op != Op::Rope || !whole(S.in[0]) || !whole(A.in[0]) ||
                 !sole_consumer(rk, st) || !sole_consumer(rq, attn))
                 continue;
-            if (!same(RQ.in[1], RK.in[1]) || !same(RQ.in[1], S.in[2]) || RQ.meta.head_dim != RK.meta.head_dim ||
+            const bool paged = S.meta.block_size > 0;  // its store rows are pool rows, not the positions
+            if (!same(RQ.in[1], RK.in[1]) || (!paged && !same(RQ.in[1], S.in[2])) || RQ.meta.head_dim != RK.meta.head_dim ||
                 RQ.meta.rope_dim != RK.meta.rope_dim || RQ.meta.rope_base != RK.meta.rope_base ||
                 RQ.meta.rope_scale != RK.meta.rope_scale ||
                 RQ.meta.rope_neox != RK.meta.rope_neox || RQ.meta.head_dim != S.meta.head_dim ||
@@ -193,7 +195,8 @@ struct Fuser {
             m.rope_scale = RQ.meta.rope_scale;
             m.rope_neox = RQ.meta.rope_neox;
             Node& F = at(rq);
-            F.in = {RQ.in[0], RK.in[0], S.in[1], S.in[2]};
+            F.in = {RQ.in[0], RK.in[0], S.in[1], RQ.in[1]};
+            if (paged) F.in.push_back(S.in[2]);
             F.op = Op::RopeKvStore;
             F.meta = m;
             F.name = "blk." + std::to_string(m.layer) + ".rope_kv_store";
@@ -222,11 +225,11 @@ struct Fuser {
                 F.in[2].cols != m.v_cols || F.meta.n_head_kv * F.meta.head_dim != m.k_cols || m.k_cols != m.v_cols ||
                 !can(Op::FusedQkvRope, {qkv, int(i)}))
                 continue;
-            const NodeInput pos = F.in[3];
             const int layer = Q.meta.layer;
             NodeMeta fm = F.meta;  // the rotation and the cache
             Q.op = Op::FusedQkvRope;
-            Q.in = {Q.in[0], pos};
+            Q.in = {Q.in[0], F.in[3]};  // x, the positions (and a batch's pool rows)
+            if (F.in.size() > 4) Q.in.push_back(F.in[4]);
             Q.meta.head_dim = fm.head_dim;
             Q.meta.n_head_kv = fm.n_head_kv;
             Q.meta.rope_dim = fm.rope_dim;

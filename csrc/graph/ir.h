@@ -31,10 +31,12 @@ enum class Op : uint8_t {
     FusedQkvNorm,  // FusedQKV, then QkNorm of the q and k parts (qwen3)
     FusedFFN,      // act(x Wg^T) * (x Wu^T), act silu or gelu (meta.act)  (fusion of 2 MatMuls + SwiGLU/GeGLU)
     RopeKvStore,   // rope(q) out; rope(k) and v stored at the positions    (fusion of 2 Ropes + KvStore)
-                   // inputs q, k, v, positions; the layer's Attn reads q from it and orders after it
+                   // inputs q, k, v, positions (a batch step: and each token's pool row, input 4, where they go);
+                   // the layer's Attn reads q from it and orders after it
     AddRmsNorm,    // [a + b | RmsNorm(a + b)], 2 x cols wide                (fusion of Add + RmsNorm)
     FusedQkvRope,  // FusedQKV whose q is rotated (out [rope(q) | k | v]) and whose rope(k), v are stored
-                   // at the positions (input 1)                           (fusion of FusedQKV + RopeKvStore)
+                   // at the positions (input 1; a batch step: at the pool rows of input 2)
+                   //                                                      (fusion of FusedQKV + RopeKvStore)
     PickRows,      // rows of input 0 at the indices of input 1 (a batch: each sequence's last row)
     Gelu,          // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))    (the tanh form, as gemma's FFN)
     GeGLU,         // gelu(a) * b                                         (fusion of Mul(Gelu(a), b))

@@ -234,8 +234,10 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             return;
         case Op::FusedQkvRope: {  // decode: the matvec's end rotates and stores; else the separate kernel after it
             const int32_t* pos = (const int32_t*)at(a.in[1]);
+            const int32_t* pool_rows = a.in.size() > 2 ? (const int32_t*)at(a.in[2]) : nullptr;  // a batch step's
             cuda::QkvRopeEpilogue e;
             e.pos = pos;
+            e.rows = pool_rows;
             e.head_dim = m.head_dim;
             e.rope_dim = m.rope_dim;
             e.n_ctx = m.n_ctx;
@@ -257,8 +259,8 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
             const int64_t ly = a.out.ld;
             cuda::RopeStoreShape sh{rows, m.q_cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
                                     m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx, m.kv_ring};
-            return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, y, ly, raw(a.kv_k),
-                                       raw(a.kv_v), err_dev_, stream_);
+            return cuda::rope_kv_store(sh, y, ly, y + m.q_cols, ly, y + m.q_cols + m.k_cols, ly, pos, pool_rows, y, ly,
+                                       raw(a.kv_k), raw(a.kv_v), err_dev_, stream_);
         }
         case Op::FusedQkvNorm: {  // the projections, then qwen3's per-head norms of q and k in place
             project(node, a, qkv_parts(), false);
@@ -302,9 +304,10 @@ void CudaBackend::execute_node(const Node& node, const ExecArgs& a) {
         case Op::RopeKvStore: {
             cuda::RopeStoreShape sh{rows, cols, m.n_head_kv * m.head_dim, m.head_dim, m.rope_dim, m.rope_base,
                                     m.rope_scale, m.rope_neox, m.kv_type, m.n_ctx, m.kv_ring};
+            const int32_t* pool_rows = a.in.size() > 4 ? (const int32_t*)at(a.in[4]) : nullptr;  // a batch step's
             return cuda::rope_kv_store(sh, at(a.in[0]), ld(0), at(a.in[1]), ld(1), at(a.in[2]), ld(2),
-                                       (const int32_t*)at(a.in[3]), at(a.out), a.out.ld, raw(a.kv_k), raw(a.kv_v),
-                                       err_dev_, stream_);
+                                       (const int32_t*)at(a.in[3]), pool_rows, at(a.out), a.out.ld, raw(a.kv_k),
+                                       raw(a.kv_v), err_dev_, stream_);
         }
         case Op::Attn: {
             if (m.block_size > 0) {  // a batch step over the paged pool

@@ -33,9 +33,11 @@ struct MatvecPart {
     int64_t y_col = 0;
 };
 // FusedQkvRope's decode epilogue (matvec_q8 with parts q, k, v; the pipe kernel only, where
-// matvec_q8_rope_fusable says so): q rotated in y, k rotated and v stored into the f16/f32 cache at *pos.
+// matvec_q8_rope_fusable says so): q rotated in y, k rotated and v stored into the f16/f32 cache at *pos (a batch
+// step's: at its pool row, *rows).
 struct QkvRopeEpilogue {
-    const int32_t* pos = nullptr;  // null: no epilogue
+    const int32_t* pos = nullptr;   // null: no epilogue
+    const int32_t* rows = nullptr;  // a batch step: the token's pool row; null: its position's row
     int head_dim = 0, rope_dim = 0, n_ctx = 0;  // fusable with rope_dim == head_dim
     int ring = 0;                               // > 0: a local layer's ring of rows (position p in row p % ring)
     float base = 0.0f, scale = 1.0f;
@@ -176,7 +178,7 @@ void rope(const float* x, int64_t ldx, float* y, int64_t ldy, const int32_t* pos
 void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int64_t ldv, const int32_t* pos,
               int rows, int dim, int n_ctx, int ring, void* K, void* V, uint32_t* err, cudaStream_t s);
 
-// rope(q) into y, rope(k) and v stored at the rows' positions: the decode fusion (norm_rope.cu).
+// rope(q) into y, rope(k) and v stored at the rows' positions (or pool rows): the decode fusion (norm_rope.cu).
 struct RopeStoreShape {
     int rows, q_cols, kv_dim, head_dim, rope_dim;
     float base, scale;
@@ -185,9 +187,10 @@ struct RopeStoreShape {
     int n_ctx;
     int ring;  // as QkvRopeEpilogue
 };
+// rows: a batch step's pool row of each token (null: each token's position's row).
 void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-                   int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
-                   cudaStream_t s);
+                   int64_t ldv, const int32_t* pos, const int32_t* rows, float* y, int64_t ldy, void* K, void* V,
+                   uint32_t* err, cudaStream_t s);
 
 // Causal GQA attention of q over the cache, split over the KV length (attention.cu).
 struct AttnShape {

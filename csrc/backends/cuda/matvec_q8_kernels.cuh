@@ -332,7 +332,8 @@ __device__ __forceinline__ double2 rope_row_angle(const QkvRopeEpilogue& e, int6
 
 // The end of a FusedQkvRope launch: each row's result (the warps' partial sums in warp order, plus the bias, as
 // store_block_rows) is written to y unrotated; then q rows are rotated in y, k rows rotated into the cache and v
-// rows copied into it at position p -- the arithmetic of rope_kv_store_kernel on the same values, so the same bits.
+// rows copied into it at position p's row (a batch step's: at its pool row, *rows) -- the arithmetic of
+// rope_kv_store_kernel on the same values, so the same bits.
 __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float (&sums)[kMatvecWarps][kBlockRows],
                                                 const double2 (&ang)[kBlockRows], int p, float (&vals)[kBlockRows]) {
     const QkvRopeEpilogue& e = a.rope;
@@ -350,7 +351,8 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
     }
     __syncthreads();
     if (t >= kBlockRows || !out.live) return;
-    if (p < 0 || p >= e.n_ctx) {  // nothing stored
+    const int at = e.rows ? *e.rows : p;  // (read here, not held in a register through the products)
+    if (p < 0 || at < 0 || at >= e.n_ctx) {  // nothing stored
         if (blockIdx.x == 0 && t == 0) atomicOr(e.err, kBadPosition);
         return;
     }
@@ -365,10 +367,10 @@ __device__ __forceinline__ void store_rope_rows(const MatvecArgs& a, const float
         a.y[out.o] = r;
         return;
     }
-    const int64_t at = kv_cache_row(p, e.ring) * a.part[1].n_out + out.o;
+    const int64_t i = (e.rows ? int64_t(at) : kv_cache_row(p, e.ring)) * a.part[1].n_out + out.o;
     void* cache = out.p == 1 ? e.K : e.V;
-    if (e.kv_type == GGML_TYPE_F16) ((__half*)cache)[at] = __float2half_rn(r);
-    else ((float*)cache)[at] = r;
+    if (e.kv_type == GGML_TYPE_F16) ((__half*)cache)[i] = __float2half_rn(r);
+    else ((float*)cache)[i] = r;
 }
 
 // The block kernel's layout for Q4_K rows with x in shared memory and each lane's weights loaded one chunk
@@ -401,7 +403,7 @@ __global__ void __launch_bounds__(32 * kMatvecWarps, AHEAD == 1 ? 6 : AHEAD == 2
     int pos = 0;
     if constexpr (ROPE) {
         pos = *a.rope.pos;
-        if (threadIdx.x < kBlockRows && pos >= 0 && pos < a.rope.n_ctx)
+        if (threadIdx.x < kBlockRows && pos >= 0)  // (a position past the cache stores nothing: store_rope_rows)
             ang[threadIdx.x] = rope_row_angle(a.rope, rope_block_row(a.rope, threadIdx.x), pos);
     }
     const int chunks = int(x.K / 64), step = kLanesPerRow * kMatvecWarps;

@@ -212,12 +212,12 @@ __global__ void kv_store_kernel(uint32_t kv_type, const float* __restrict__ k, i
 // as rope_kernel + kv_store_kernel, so the results are identical.
 __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t ldq,  // q may be y (in place)
                                      const float* __restrict__ k, int64_t ldk, const float* __restrict__ v, int64_t ldv,
-                                     const int32_t* __restrict__ pos, float* y, int64_t ldy, uint8_t* K,
-                                     uint8_t* V, uint32_t* err) {
+                                     const int32_t* __restrict__ pos, const int32_t* __restrict__ rows, float* y,
+                                     int64_t ldy, uint8_t* K, uint8_t* V, uint32_t* err) {
     extern __shared__ float kr[];  // the rotated k head
     const int r = blockIdx.y, hb = blockIdx.x, n_q = sh.q_cols / sh.head_dim, i = threadIdx.x;
-    const int p = pos[r];
-    const bool ok = p >= 0 && p < sh.n_ctx;
+    const int p = pos[r], at = rows ? rows[r] : p;  // rotated at its position, stored at its (pool) row
+    const bool ok = p >= 0 && at >= 0 && at < sh.n_ctx;
     double cs = 1.0, sn = 0.0;
     if (ok && i < sh.rope_dim / 2) rope_angle(p, i, sh.rope_dim, sh.base, sh.scale, &cs, &sn);
     pdl_start();
@@ -232,7 +232,7 @@ __global__ void rope_kv_store_kernel(RopeStoreShape sh, const float* q, int64_t 
     if (i < sh.head_dim / 2) rope_pair(xh, oh, i, sh.rope_dim, sh.neox, cs, sn);
     if (is_q) return;
     __syncthreads();
-    const int64_t row = kv_cache_row(p, sh.ring);
+    const int64_t row = rows ? int64_t(at) : kv_cache_row(p, sh.ring);
     store_row(sh.kv_type, kr, K, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
     store_row(sh.kv_type, v + int64_t(r) * ldv + h * sh.head_dim, V, row, sh.kv_dim, h * sh.head_dim, sh.head_dim);
 }
@@ -322,8 +322,8 @@ void kv_store(uint32_t kv_type, const float* k, int64_t ldk, const float* v, int
 }
 
 void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const float* k, int64_t ldk, const float* v,
-                   int64_t ldv, const int32_t* pos, float* y, int64_t ldy, void* K, void* V, uint32_t* err,
-                   cudaStream_t s) {
+                   int64_t ldv, const int32_t* pos, const int32_t* rows, float* y, int64_t ldy, void* K, void* V,
+                   uint32_t* err, cudaStream_t s) {
     if (sh.head_dim <= 0 || sh.head_dim > 2048 || sh.q_cols % sh.head_dim || sh.kv_dim % sh.head_dim ||
         sh.rope_dim > sh.head_dim || sh.rope_dim % 2 || (sh.kv_type == GGML_TYPE_Q8_0 && sh.head_dim % 32))
         throw MinferError(strfmt("CUDA rope_kv_store: q %d, kv %d columns, head_dim %d, rope_dim %d (%s cache)",
@@ -331,8 +331,8 @@ void rope_kv_store(const RopeStoreShape& sh, const float* q, int64_t ldq, const 
                                  sh.kv_type == GGML_TYPE_Q8_0 ? "q8_0: heads of whole 32-blocks" : "f16/f32"));
     const int heads = (sh.q_cols + sh.kv_dim) / sh.head_dim, threads = (sh.head_dim / 2 + 31) / 32 * 32;
     launch("rope_kv_store", rope_kv_store_kernel, dim3(unsigned(heads), unsigned(sh.rows)), dim3(unsigned(threads)),
-           size_t(sh.head_dim) * sizeof(float), s, sh, q, ldq, k, ldk, v, ldv, pos, y, ldy, (uint8_t*)K, (uint8_t*)V,
-           err);
+           size_t(sh.head_dim) * sizeof(float), s, sh, q, ldq, k, ldk, v, ldv, pos, rows, y, ldy, (uint8_t*)K,
+           (uint8_t*)V, err);
 }
 
 }  // namespace minfer::cuda

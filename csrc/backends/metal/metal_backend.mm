@@ -657,13 +657,14 @@ void MetalBackend::execute_node(const Node& node, const ExecArgs& a) {
             return project(node, a, {part(m.w_gate, "", cols, 0), part(m.w_up, "", cols, 0)}, true);
         case Op::RopeKvStore: {
             const uint dim = uint(m.n_head_kv * m.head_dim);
+            const bool paged = a.in.size() > 4;  // a batch step: each row's pool row, input 4
             RopeStoreArgs r{cols, dim, uint(m.head_dim), uint(m.rope_dim), m.rope_neox ? 1u : 0u, uint(a.in[0].ld),
                             uint(a.in[1].ld), uint(a.in[2].ld), uint(a.out.ld), uint(m.n_ctx), uint(m.kv_type),
-                            uint(m.kv_ring)};
+                            uint(m.kv_ring), paged ? 1u : 0u};
             id<MTLBuffer> f = rope_freqs(m.rope_dim, m.rope_base, m.rope_scale);
             return dispatch("rope_kv_store", &r, sizeof r,
                             {in(0, cols), in(1, dim), in(2, dim), in(3, 1), Bound{f, 0, size_t(m.rope_dim / 2) * 4}, out,
-                             whole(a.kv_k), whole(a.kv_v), err},
+                             whole(a.kv_k), whole(a.kv_v), err, in(paged ? 4 : 3, 1)},
                             MTLSizeMake(rows, 1, 1), MTLSizeMake(128, 1, 1), {dim * 4});
         }
         case Op::Rope: {
