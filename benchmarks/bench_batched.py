@@ -22,8 +22,8 @@ the same B.  --prefix N: 16 requests sharing an N-token system prompt, each sent
 first token, to minfer.batch.Engine: the time to first token of the 1st (computes the prefix) against the
 16th (finds it cached).  --profile B: milliseconds per decode step by op at B sequences.  --overhead B:
 the engine's own time a step (scheduling, the step's arrays, sampling, streaming) with B greedy sequences of
-the tiny synthetic model, or of -m's model on --device (--temp T: sampled), its steps timed apart: the host's
-share of a step.
+the tiny synthetic model, or of -m's model on --device (--temp T: sampled; --stand-in MS: steps that sleep
+MS and make up their tokens, as a GPU host sees the engine), its steps timed apart: the host's share of a step.
 """
 from __future__ import annotations
 
@@ -157,13 +157,15 @@ def profile(model, a, P: int, T: int) -> None:
 
 
 def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0, path: str = "",
-                    device: str = "cpu") -> tuple[float, float, float]:
+                    device: str = "cpu", stand_in_ms: float = 0.0) -> tuple[float, float, float]:
     """(the engine's own ms a step, the median ms between two steps, the steps' ms) for B sequences of 16 prompt
     tokens and T tokens each, greedy or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p
     0.95, min_p 0.05), on the tiny synthetic model (152k tokens) or the model at `path` on `device`.  Only the
     time around the steps is the engine's, the samplers' softmaxes included; the first figure also counts the
     requests' submission and their results (once a request, spread over its steps), the second only the
-    engine's work from one step's end to the next one's start: the time a device waits between steps."""
+    engine's work from one step's end to the next one's start: the time a device waits between steps.
+    stand_in_ms > 0: each step sleeps that long and returns made-up tokens (or best logits) instead of running
+    the model -- the engine as a GPU host runs it, its caches not flushed by CPU steps in between."""
     from conftest import synthetic_model
     from minfer.batch import Engine
 
@@ -173,31 +175,38 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
         prompts = [list(map(int, rng.integers(100, 30000, size=16))) for _ in range(B)]
         eng.generate_batch(prompts[:2], max_tokens=4)  # warm-up
         runner, in_steps, marks = eng._runner, [0.0], []
+        best_vals = -np.sort(-rng.standard_normal((B, runner.best_max)).astype(np.float32), axis=1)
+        best_ids = rng.integers(100, 30000, size=(B, runner.best_max)).astype(np.int32)
+
+        def stand_in(name, tokens, positions, seq_lens, *a, k=0, **kw):
+            time.sleep(stand_in_ms / 1e3)
+            n = len(seq_lens)
+            if name == "step_best":
+                return best_vals[:n, :k].copy(), best_ids[:n, :k].copy()
+            last = tokens[np.cumsum(seq_lens) - 1]
+            if name == "step_greedy":
+                return (last * 7 + 13) % 30000 + 100
+            return rng.standard_normal((n, eng.n_vocab)).astype(np.float32)
 
         class Timed:  # the runner with its steps' time counted
             def __getattr__(self, k):
                 return getattr(runner, k)
 
-            def step_greedy(self, *a, **kw):
+            def timed(self, name, *a, **kw):
                 t = time.perf_counter()
-                out = runner.step_greedy(*a, **kw)
+                out = stand_in(name, *a, **kw) if stand_in_ms else getattr(runner, name)(*a, **kw)
                 marks.append((t, time.perf_counter()))
                 in_steps[0] += marks[-1][1] - t
                 return out
+
+            def step_greedy(self, *a, **kw):
+                return self.timed("step_greedy", *a, **kw)
 
             def step(self, *a, **kw):
-                t = time.perf_counter()
-                out = runner.step(*a, **kw)
-                marks.append((t, time.perf_counter()))
-                in_steps[0] += marks[-1][1] - t
-                return out
+                return self.timed("step", *a, **kw)
 
             def step_best(self, *a, **kw):
-                t = time.perf_counter()
-                out = runner.step_best(*a, **kw)
-                marks.append((t, time.perf_counter()))
-                in_steps[0] += marks[-1][1] - t
-                return out
+                return self.timed("step_best", *a, **kw)
         eng._runner = Timed()
         sampling = dict(temperature=temperature, top_k=40, top_p=0.95, min_p=0.05, seed=1) if temperature else {}
         s0, t0 = eng.steps, time.perf_counter()
@@ -237,6 +246,8 @@ def main():
     ap.add_argument("--prefix", type=int, default=0, help="only the prefix-caching run, with this system prompt")
     ap.add_argument("--overhead", type=int, default=0, help="only the engine's own time a step at this B")
     ap.add_argument("--temp", type=float, default=0.0, help="--overhead's sequences sample at this temperature")
+    ap.add_argument("--stand-in", type=float, default=0.0,
+                    help="--overhead: steps sleep this many ms instead of running the model (a GPU host's view)")
     ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
                     help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     a = ap.parse_args()
@@ -250,10 +261,11 @@ def main():
         return engine.resolve(name)
     if a.overhead:  # the tiny model unless a model is named
         model = model_path(a.model) if a.model else ""
-        own, between, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device)
+        own, between, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device,
+                                              stand_in_ms=a.stand_in)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
-        print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of "
-              f"{Path(model).name if model else 'the tiny model'}: {between:.3f} ms between steps (median; "
+        what = f"a {a.stand_in:g} ms stand-in" if a.stand_in else Path(model).name if model else "the tiny model"
+        print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of {what}: {between:.3f} ms between steps (median; "
               f"{100 * between / steps:.1f} %), {own:.3f} ms a step of its own with the requests' submission and "
               f"results ({100 * own / steps:.1f} %, {own / a.overhead * 1e3:.1f} us a sequence)")
         return
