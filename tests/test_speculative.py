@@ -10,7 +10,7 @@ import pytest
 from conftest import real_model, synthetic_model
 from minfer import LLM, _minfer
 from minfer.draft import DraftModel, VocabularyMismatch, check_vocabulary
-from minfer.speculative import MAX_DRAFT, DraftLength
+from minfer.speculative import MAX_DRAFT, DraftLength, StepJudge
 from minfer.tokenizer import Special
 
 
@@ -273,6 +273,25 @@ def test_paused_drafting_takes_chained_steps():
         spec = llm.generate(PROMPTS[0], max_tokens=64)
         assert spec.tokens == plain.tokens
         assert llm._session.chained > 0 and spec.metrics.drafted_tokens > spec.metrics.accepted_tokens
+
+
+def test_the_engine_wide_judge_rests_speculation_that_costs_more():
+    """The batch engine's judge: a step with drafts slower per token than plain steps rests every sequence's
+    drafting for 8, then 16 .. 64 steps; a step that pays ends the streak; two losing steps in a row of the
+    draft model's drafts drop it (a rest spares it nothing)."""
+    j = StepJudge()
+    j.plain_step(0.008, 8)  # 1 ms a token
+    assert not j.resting()
+    assert not j.spec_step(0.016, 8, drafted_by_model=True)  # 2 ms a token: a loss, rest 8
+    assert [j.resting() for _ in range(9)] == [True] * 8 + [False]
+    assert j.spec_step(0.016, 8, drafted_by_model=True)  # the draft model's second loss in a row: drop it
+    assert [j.resting() for _ in range(17)] == [True] * 16 + [False]
+    assert not j.spec_step(0.016, 8, drafted_by_model=False)  # lookup's drafts: rests, never drops
+    assert sum(j.resting() for _ in range(40)) == 32
+    assert not j.spec_step(0.012, 16, drafted_by_model=True)  # 0.75 ms a token: pays, the streak ends
+    assert not j.resting()
+    assert not j.spec_step(0.016, 8, drafted_by_model=True)  # a loss after a win rests 8 again, no drop
+    assert sum(j.resting() for _ in range(20)) == 8
 
 
 def test_draft_length_pauses_where_speculation_does_not_pay():

@@ -36,7 +36,7 @@ from .generation import Completion, ContextLengthError, check_request, make_samp
 from .batch_draft import BatchDraft
 from .kv_blocks import BlockPool, WindowPool
 from .request import Request
-from .speculative import MAX_DRAFT, DraftLength
+from .speculative import MAX_DRAFT, DraftLength, StepJudge
 from .stops import StopText
 
 class Engine:
@@ -87,17 +87,8 @@ class Engine:
         self._logits = None  # where a sampled step's logits land (pinned host memory on CUDA), made at first use
         self._draft = None  # speculative decoding with a draft model for every sequence (minfer.batch_draft)
         self._draft_max = draft_max
-        # speculative steps against plain ones, in seconds: a plain decode step's (moving average), and this
-        # step's draft-model time (DraftLength pauses drafting where it does not pay)
-        self._plain_s: float | None = None
-        self._draft_s = 0.0
-        # whether speculation pays is judged per step, engine-wide (a step's draft rows and the draft model's
-        # steps delay every sequence in it): seconds per generated token of a step with drafts against one
-        # without; where they cost more, no sequence drafts for 8, 16 .. 64 steps.  A rest does not spare the
-        # draft model the tokens it did not see (it reads them when it drafts again), so after two such steps of
-        # its drafts in a row the running sequences stop using it (new requests try again).
-        self._plain_tok_s: float | None = None
-        self._spec_rest = self._spec_rested = self._draft_losses = 0
+        self._judge = StepJudge()  # whether speculation pays, engine-wide (each DraftLength judges its own too)
+        self._draft_s = 0.0  # this step's draft-model seconds
         DraftLength(draft_max)  # ValueError for a bad one, before the load
         if draft_model is not None:
             self._draft = BatchDraft(draft_model, tokenizer, os.path.basename(path), self.n_ctx, threads, backend,
@@ -358,7 +349,7 @@ class Engine:
         batch = [(r, 1) for r in decoding if r.blocks is not None]
         budget = self.step_tokens - len(batch)
         asks = []  # (request, tokens) to ask the draft model for
-        if not self._spec_rest:
+        if not self._judge.resting():
             for i, (r, _) in enumerate(batch):  # drafts go in the room left in the sequence's own last block
                 if r.lookup is None and r.draft_policy is None:  # (r.draft stays empty: only this loop fills it)
                     continue
@@ -376,8 +367,6 @@ class Engine:
                     batch[i] = (r, 1 + len(r.draft))
                     budget -= len(r.draft)
         self._draft_s = 0.0
-        if self._spec_rest:
-            self._spec_rest -= 1
         if asks and budget > 0:
             t0 = time.perf_counter()
             drafts = self._draft.propose([(batch[i][0], min(k, budget)) for i, k in asks])
@@ -488,11 +477,9 @@ class Engine:
         self.steps += 1
         step_s = time.perf_counter() - t0
         if not spec and decode_only:  # a plain decode step
-            self._plain_s = step_s if self._plain_s is None else 0.7 * self._plain_s + 0.3 * step_s
-            per = step_s / len(batch)
-            self._plain_tok_s = per if self._plain_tok_s is None else 0.7 * self._plain_tok_s + 0.3 * per
+            self._judge.plain_step(step_s, len(batch))
         step_s += self._draft_s
-        judged = bool(spec) and decode_only and self._plain_tok_s is not None  # does this step's speculation pay?
+        judged = bool(spec) and decode_only and self._judge.plain_s is not None  # does this step's speculation pay?
         n_before = sum(r.metrics.generated_tokens for r, _ in batch) if judged else 0
         picked = picked.tolist()
         block_size = self.pool.block_size
@@ -508,20 +495,12 @@ class Engine:
                 if lps and k in lps and picked[k] not in r.eog:  # an end-of-generation token is no output token
                     r.token_logprobs.append(lps[k])
                 self._take(r, picked[k])
-        if judged:
-            made = sum(r.metrics.generated_tokens for r, _ in batch) - n_before
-            if step_s / max(made, 1) > self._plain_tok_s:  # the drafts cost more than they gained
-                self._spec_rested = min(64, max(8, 2 * self._spec_rested))
-                self._spec_rest = self._spec_rested
-                self._draft_losses = self._draft_losses + 1 if self._draft_s else 0
-                if self._draft_losses >= 2:
-                    for r in self._running:
-                        r.draft_policy = None
-                        self._draft.release(r.kv_draft)
-                        r.kv_draft = None
-                    self._draft_losses = 0
-            else:
-                self._spec_rested = self._draft_losses = 0
+        made = sum(r.metrics.generated_tokens for r, _ in batch) - n_before if judged else 0
+        if judged and self._judge.spec_step(step_s, made, bool(self._draft_s)):  # the draft model does not pay
+            for r in self._running:
+                r.draft_policy = None
+                self._draft.release(r.kv_draft)
+                r.kv_draft = None
 
     def _fill_masks(self, constrained: list, rows: int) -> np.ndarray:
         """[rows, words] token masks: each constrained row's from its matcher, every token allowed elsewhere."""
@@ -552,8 +531,8 @@ class Engine:
                 break
             r.n_kv += 1  # a kept draft token's K/V was computed in this step
             r.blocks.n_tokens += 1
-        if self._plain_s is not None:
-            policy.plain_step(self._plain_s)
+        if self._judge.plain_s is not None:
+            policy.plain_step(self._judge.plain_s)
         policy.verified(len(draft), kept, seconds)
         if policy is r.draft_policy and r.kv_draft is not None:
             self._draft.checked(r, n_sequence, kept)

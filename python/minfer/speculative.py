@@ -101,6 +101,45 @@ class DraftLength:
             self.slow = 0
 
 
+class StepJudge:
+    """Whether speculation pays in the batch engine, judged per step, engine-wide (a step's draft rows and the
+    draft model's steps delay every sequence in it): seconds per generated token of a step with drafts against
+    one without; where they cost more, no sequence drafts for 8, 16 .. 64 steps.  A rest does not spare the
+    draft model the tokens it did not see (it reads them when it drafts again), so after two such steps of its
+    drafts in a row the running sequences stop using it (new requests try again)."""
+
+    def __init__(self):
+        self.plain_s: float | None = None      # a plain decode step's seconds (moving average)
+        self.plain_tok_s: float | None = None  # ... and per sequence in it
+        self.rest = self.rested = self.losses = 0  # steps still to rest, the last rest, draft-model losses in a row
+
+    def resting(self) -> bool:
+        """Whether this step goes without drafts (counts the rest down)."""
+        if not self.rest:
+            return False
+        self.rest -= 1
+        return True
+
+    def plain_step(self, seconds: float, n_seqs: int) -> None:
+        self.plain_s = seconds if self.plain_s is None else 0.7 * self.plain_s + 0.3 * seconds
+        per = seconds / n_seqs
+        self.plain_tok_s = per if self.plain_tok_s is None else 0.7 * self.plain_tok_s + 0.3 * per
+
+    def spec_step(self, seconds: float, made: int, drafted_by_model: bool) -> bool:
+        """A decode step with drafts took `seconds` (the draft model's included) for `made` tokens; returns whether
+        the running sequences should stop using the draft model."""
+        if seconds / max(made, 1) <= self.plain_tok_s:
+            self.rested = self.losses = 0
+            return False
+        self.rested = min(64, max(8, 2 * self.rested))
+        self.rest = self.rested
+        self.losses = self.losses + 1 if drafted_by_model else 0
+        if self.losses < 2:
+            return False
+        self.losses = 0
+        return True
+
+
 class Verification:
     """The target's rows for [last token, d1..dk], checked one draft token at a time as the decode loop asks
     for tokens: the sampler's penalty window then holds every token before the one being checked."""
