@@ -265,9 +265,10 @@ def main():
                                               stand_in_ms=a.stand_in)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
         what = f"a {a.stand_in:g} ms stand-in" if a.stand_in else Path(model).name if model else "the tiny model"
-        print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of {what}: {between:.3f} ms between steps (median; "
-              f"{100 * between / steps:.1f} %), {own:.3f} ms a step of its own with the requests' submission and "
-              f"results ({100 * own / steps:.1f} %, {own / a.overhead * 1e3:.1f} us a sequence)")
+        print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of {what}: "
+              f"{between:.3f} ms between steps (median; {100 * between / steps:.1f} %), {own:.3f} ms a step of its "
+              f"own with the requests' submission and results ({100 * own / steps:.1f} %, "
+              f"{own / a.overhead * 1e3:.1f} us a sequence)")
         return
     a.model = a.model or "qwen2.5-coder-0.5b"
     path = model_path(a.model)

@@ -239,6 +239,14 @@ def test_get_rows_is_exact(k, rng, wtype):
 
 # ---- the KV store and attention --------------------------------------------------------------------
 
+def cached(rows, kv_type):
+    """The values a cache of kv_type (ggml's id: 0 f32, 1 f16, 8 q8_0) holds for these f32 rows, in float64; the CPU's
+    q8_0 quantizer is the definition of what a q8_0 cache holds."""
+    if kv_type == 8:
+        return np.stack([dequantize(quantize_act(r, 8), 8) for r in rows]).astype(np.float64)
+    return (rows.astype(np.float16) if kv_type else rows).astype(np.float64)
+
+
 @pytest.mark.parametrize("kv_type", [0, 1, 8], ids=["f32", "f16", "q8_0"])
 @pytest.mark.parametrize("rows,first", [(1, 260), (5, 20)], ids=["decode", "prefill"])
 @pytest.mark.parametrize("n_head,n_head_kv,head_dim", [(14, 2, 64), (12, 2, 128)])
@@ -274,11 +282,10 @@ def test_kv_store_and_attention(k, rng, kv_type, rows, first, n_head, n_head_kv,
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
     n = first + rows
     held = np.arange(max(0, n - ring) if ring else 0, n)  # the positions the cache still holds
-    if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
-        cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
+    cast = lambda a: cached(a, kv_type)  # noqa: E731
+    if kv_type == 8:
         stored = np.stack([dequantize(K[j * row_bytes:(j + 1) * row_bytes], 8) for j in held % (ring or n_ctx)])
     else:
-        cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))  # noqa: E731
         stored = K.view(np.float16 if kv_type else np.float32).reshape(ring or n_ctx, dim)[held % (ring or n_ctx)]
     Kc = cast(np.concatenate([hist_k, kn]))
     Vc = cast(np.concatenate([hist_v, vn]))
@@ -352,15 +359,11 @@ def test_paged_kv_store_and_attention(k, rng, kv_type, n_head, n_head_kv, head_d
                                            n_head * head_dim, kv_type, scale, window, bs, n_blocks, max_blocks, 3),
                                    1: q, 2: pos, 3: seq, 4: tables, 5: K, 6: V, 7: out},
                grid=(n_head, rows, 1), tg=(128, 1, 1), tg_bytes={0: 128 * 4, 1: 4 * 4})
-    if kv_type == 8:  # the CPU's q8_0 quantizer is the definition of what the cache holds
-        cast = lambda a: np.stack([dequantize(quantize_act(r, 8), 8) for r in a]).astype(np.float64)  # noqa: E731
-    else:
-        cast = (lambda a: a.astype(np.float16).astype(np.float64)) if kv_type else (lambda a: a.astype(np.float64))  # noqa: E731
     ref = np.zeros_like(out, np.float64)
     for r in range(rows):
         s, p = seq[r], pos[r]
         lo = max(0, p - window + 1) if window else 0
-        Kc, Vc = cast(Ks[s][lo:p + 1]), cast(Vs[s][lo:p + 1])
+        Kc, Vc = cached(Ks[s][lo:p + 1], kv_type), cached(Vs[s][lo:p + 1], kv_type)
         ref[r] = causal_attention_f64(q[r:r + 1], Kc, Vc, [p - lo], n_head, n_head_kv, head_dim)
     assert np.abs(out - ref).max() <= 1e-5 * np.abs(ref).max()
     # a row whose table points past the pool (the host refuses such a step; the kernel still stays inside)

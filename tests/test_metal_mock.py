@@ -281,9 +281,9 @@ def test_gemma3_on_the_mock_device(setup, tmp_path):
 
 def test_batch_steps_on_the_mock_device(setup, tmp_path):
     """A Metal BatchRunner: every op of the step on Metal -- the paged KV pool in a Metal buffer, RoPE with the
-    store at each token's pool row (rope_kv_store), attention_paged through the block tables (the first sequence's blocks 3 and 0, out of
-    order), each sequence's last row picked -- two sequences of a ragged prompt step then a decode step each
-    against the float64 model of each sequence alone; the decode step's 5 best a row (step_best: the logits read
+    store at each token's pool row (rope_kv_store), attention_paged through the block tables (the first
+    sequence's blocks 3 and 0, out of order), each sequence's last row picked -- two sequences of a ragged prompt
+    step then a decode step each against the float64 model of each sequence alone; the decode step's 5 best a row (step_best: the logits read
     back, then a scan) are numpy's top-5 of its logits."""
     exe, model = setup
     e = dict(os.environ, MSL_KERNELS_LIB=str(H.kernels().lib._name), MINFER_GPU_TIMEOUT_S="600",
