@@ -11,7 +11,8 @@ weights, as bench_cuda.py).
 For each batch size B, as llama-batched-bench measures it: B prompts of P tokens are read in steps of at
 most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
 S is all B*(P+T) tokens over all the time.  minfer runs the batch step (BatchRunner) directly, greedy, its
-KV in one pool.  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
+KV in one pool; where the device chains greedy steps (CUDA) the decode runs in chains of the engine's length
+(--chain 1: step by step, a host turn between every two steps as llama-batched-bench has).  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
 over its time, against the machine's streaming-read rate (`roof`, the GPU's copy rate on the GPU), and at the
 end where a decode step's host time went (BatchRunner.step_times: preparing, enqueuing, reading back -- on a GPU
 the wait -- and the rest, this script's own loop).
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 LAYOUTS = {"0.5b": "qwen2.5-coder-0.5b-instruct-q4_k_m", "1.5b": "qwen2.5-coder-1.5b-instruct-q4_k_m",
            "7b": "deepseek-r1-distill-qwen-7b-q4_k_m"}
 
-from minfer import _minfer, engine, gguf, quants
+from minfer import _minfer, batch, engine, gguf, quants
 
 UBATCH = 512
 
@@ -56,7 +57,7 @@ def kv_bytes_per_token(model) -> int:
     return 2 * c["n_layer"] * c["n_head_kv"] * c["head_dim"] * 2  # f16 K and V
 
 
-def run_minfer(runner, P: int, T: int, B: int, after_prompts=lambda: None) -> dict:
+def run_minfer(runner, P: int, T: int, B: int, after_prompts=lambda: None, chain: int = 1) -> dict:
     vocab = runner.n_vocab
     rng = np.random.default_rng(B)
     prompts = rng.integers(100, min(vocab, 30000), size=(B, P)).astype(np.int32)
@@ -90,8 +91,14 @@ def run_minfer(runner, P: int, T: int, B: int, after_prompts=lambda: None) -> di
     ones = np.ones(B, np.int32)
     h0 = runner.step_times()
     t0 = time.perf_counter()
-    for k in range(T):
-        nxt = runner.step_greedy(nxt, np.full(B, P + k, np.int32), ones, tables)
+    k = 0
+    while k < T:  # chains of greedy steps where the device runs them (as the engine does), else step by step
+        m = min(chain, T - k)
+        if m > 1:
+            nxt = runner.step_greedy_chain(nxt, np.full(B, P + k, np.int32), tables, m)[-1]
+        else:
+            nxt = runner.step_greedy(nxt, np.full(B, P + k, np.int32), ones, tables)
+        k += m
     t_tg = time.perf_counter() - t0
     h1 = runner.step_times()
     host = {k: (h1[k] - h0[k]) / T for k in ("prepare_s", "launch_s", "read_s")}  # a decode step's, seconds
@@ -248,6 +255,8 @@ def main():
     ap.add_argument("--temp", type=float, default=0.0, help="--overhead's sequences sample at this temperature")
     ap.add_argument("--stand-in", type=float, default=0.0,
                     help="--overhead: steps sleep this many ms instead of running the model (a GPU host's view)")
+    ap.add_argument("--chain", type=int, default=0,
+                    help="greedy decode steps a chain (default: the engine's where the device chains, else 1)")
     ap.add_argument("--kernel", action="append", default=[], metavar="CHOICE=VALUE",
                     help="force a kernel choice (minfer.engine.kernel_choices()) for an A/B run; repeatable")
     a = ap.parse_args()
@@ -294,13 +303,15 @@ def main():
         else _minfer.cuda_copy_bandwidth(1 << 31, 20) / 1e9
     runner = _minfer.BatchRunner(model, n_ctx=P + T + 16, threads=a.threads, device=a.device,
                                  kv_tokens=max(npl) * (P + T + 32), block_size=32)
+    chain = a.chain if a.chain else batch.CHAIN_STEPS if runner.chains else 1
+    print(f"# decode: {'chains of %d greedy steps (as the engine runs them here)' % chain if chain > 1 else 'step by step'}")
     hdr = f"{'B':>3} | {'S_PP':>8} {'S_TG':>8} {'S':>8} | {'llama S_PP':>10} {'S_TG':>8} {'S':>8} | " \
           f"{'PP x':>5} {'TG x':>5} {'S x':>5} | decode GB/s  roof"
     print(hdr)
     print("-" * len(hdr))
     results = {}
     for B in npl:
-        r = run_minfer(runner, P, T, B)
+        r = run_minfer(runner, P, T, B, chain=chain)
         results[B] = r
         step = r["t_tg"] / T
         gbs = (wbytes + B * (P + T / 2) * kvt) / step / 1e9

@@ -111,6 +111,26 @@ def test_extend_in_place_is_appends_usual_case():
     assert all(r == 0 for r in pool.refs)
 
 
+def test_reserve_takes_the_blocks_of_tokens_ahead():
+    """reserve counts n tokens in at once (a chain of greedy steps), the sequence's own last block first, then
+    fresh blocks; it refuses a shared last block and more blocks than are free, changing nothing."""
+    pool = BlockPool(6, 4)
+    a, _ = pool.allocate(list(range(6)))
+    assert pool.reserve(a, 1) == [] and a.n_tokens == 7 and len(a.table) == 2
+    new = pool.reserve(a, 6)  # 13 tokens: two more blocks
+    assert len(new) == 2 and a.table[2:] == new and a.n_tokens == 13 and all(pool.refs[b] == 1 for b in new)
+    assert len(set(a.table)) == 4 and pool.n_free == 2
+    with pytest.raises(RuntimeError, match="need 3 blocks, 2 are free"):
+        pool.reserve(a, 12)
+    assert a.n_tokens == 13 and len(a.table) == 4
+    b = pool.fork(a)  # its last block shared: append must copy it before anything is written past it
+    with pytest.raises(ValueError, match="shared"):
+        pool.reserve(b, 1)
+    pool.free(a)
+    pool.free(b)
+    assert all(r == 0 for r in pool.refs) and pool.n_free == 6
+
+
 def test_out_of_blocks_is_said_before_it_happens():
     pool = BlockPool(3, 4)
     a, _ = pool.allocate(list(range(8)))

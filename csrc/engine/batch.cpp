@@ -89,9 +89,8 @@ Plan& BatchRunner::plan(int n_tokens, int n_seqs) {
     return *c.plan;
 }
 
-Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-                       const int32_t* tables, const int32_t* local_tables, bool sync) {
-    const double t0 = now_s();
+BatchRunner::StepRows BatchRunner::check_rows(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens,
+                                              int n_seqs, const int32_t* tables, const int32_t* local_tables) const {
     const ModelConfig& c = sched_.model().config();
     if (n_seqs < 1) throw MinferError("batch step: no sequences");
     if (n_local_blocks_ > 0 && !local_tables)
@@ -101,8 +100,12 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
         if (seq_lens[s] < 1) throw MinferError(strfmt("batch step: sequence %d has %d tokens (at least one)", s, seq_lens[s]));
         n += seq_lens[s];
     }
-    std::vector<int32_t> slots((size_t)n), seq((size_t)n), out_rows((size_t)n_seqs), local_slots;
-    if (n_local_blocks_ > 0) local_slots.resize(size_t(n));
+    StepRows out;
+    out.n = n;
+    out.slots.resize(size_t(n));
+    out.seq.resize(size_t(n));
+    out.out_rows.resize(size_t(n_seqs));
+    if (n_local_blocks_ > 0) out.local_slots.resize(size_t(n));
     for (int s = 0, r = 0; s < n_seqs; s++) {
         const int32_t* table = tables + size_t(s) * size_t(max_blocks_);
         const int32_t* local = n_local_blocks_ ? local_tables + size_t(s) * size_t(max_blocks_) : nullptr;
@@ -117,38 +120,46 @@ Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const in
                 if (table[b] < 0 || table[b] >= n_blocks_)
                     throw MinferError(strfmt("batch step: sequence %d's block %d is %d, outside the pool of %d blocks", s, b,
                                              table[b], n_blocks_));
-            slots[size_t(r)] = table[p / block_size_] * block_size_ + p % block_size_;
+            out.slots[size_t(r)] = table[p / block_size_] * block_size_ + p % block_size_;
             if (local) {  // the blocks of the window the row reads
                 for (int b = std::max(0, p - c.swa_window + 1) / block_size_; b <= p / block_size_; b++)
                     if (local[b] < 0 || local[b] >= n_local_blocks_)
                         throw MinferError(strfmt("batch step: sequence %d's block %d (position %d's window) in the "
                                                  "sliding-window pool is %d, outside its %d blocks",
                                                  s, b, p, local[b], n_local_blocks_));
-                local_slots[size_t(r)] = local[p / block_size_] * block_size_ + p % block_size_;
+                out.local_slots[size_t(r)] = local[p / block_size_] * block_size_ + p % block_size_;
             }
-            seq[size_t(r)] = s;
+            out.seq[size_t(r)] = s;
         }
-        out_rows[size_t(s)] = r - 1;
+        out.out_rows[size_t(s)] = r - 1;
     }
-    for (std::vector<int32_t> sorted : {slots, local_slots}) {  // two rows writing one KV row is a block-table
+    for (std::vector<int32_t> sorted : {out.slots, out.local_slots}) {  // two rows writing one KV row is a block-table
         std::sort(sorted.begin(), sorted.end());                  // bug (a shared block not copied): refuse it
         if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
             throw MinferError("batch step: two tokens of the step write the same KV row (a shared block needs a copy first)");
     }
+    return out;
+}
+
+Plan& BatchRunner::run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                       const int32_t* tables, const int32_t* local_tables, bool sync, bool launch) {
+    const double t0 = now_s();
+    const StepRows rows = check_rows(tokens, positions, seq_lens, n_seqs, tables, local_tables);
+    const int n = rows.n;
     sched_.check_model_unchanged();
     Plan& pl = plan(n, n_seqs);
     pl.write_input(InputKind::Tokens, tokens, n);
     pl.write_input(InputKind::Positions, positions, n);
-    pl.write_input(InputKind::Slots, slots.data(), n);
-    pl.write_input(InputKind::SeqIndex, seq.data(), n);
+    pl.write_input(InputKind::Slots, rows.slots.data(), n);
+    pl.write_input(InputKind::SeqIndex, rows.seq.data(), n);
     pl.write_input(InputKind::BlockTables, tables, n_seqs * max_blocks_);
     if (n_local_blocks_ > 0) {
-        pl.write_input(InputKind::LocalSlots, local_slots.data(), n);
+        pl.write_input(InputKind::LocalSlots, rows.local_slots.data(), n);
         pl.write_input(InputKind::LocalTables, local_tables, n_seqs * max_blocks_);
     }
-    if (pl.graph().params.n_seqs < pl.graph().params.n_tokens) pl.write_input(InputKind::OutRows, out_rows.data(), n_seqs);
+    if (pl.graph().params.n_seqs < pl.graph().params.n_tokens) pl.write_input(InputKind::OutRows, rows.out_rows.data(), n_seqs);
     const double t1 = now_s();
-    sched_.run(pl, sync);
+    if (launch) sched_.run(pl, sync);
     step_t0_ = now_s();
     times_.prepare_s += t1 - t0;
     times_.launch_s += step_t0_ - t1;
@@ -183,6 +194,41 @@ void BatchRunner::step_best(const int32_t* tokens, const int32_t* positions, con
     Plan& pl = run(tokens, positions, seq_lens, n_seqs, tables, local_tables, false);
     pl.top_k_rows(pl.graph().output, k, vals, ids);
     step_read_done();
+}
+
+void BatchRunner::step_greedy_chain(const int32_t* tokens, const int32_t* positions, int n_seqs, const int32_t* tables,
+                                    const int32_t* local_tables, int steps, int32_t* out) {
+    if (steps < 1) throw MinferError(strfmt("greedy chain: %d steps (at least one)", steps));
+    if (n_seqs < 1) throw MinferError("batch step: no sequences");
+    const size_t n = size_t(n_seqs);
+    std::vector<int32_t> ones(n, 1), pos(n);
+    if (!sched_.profiling() && chains()) {
+        // every step's rows checked (positions, blocks, distinct KV rows) before the first runs (the tokens past
+        // the first step's come from the device, each an argmax over the vocabulary)
+        for (int i = 1; i < steps; i++) {
+            for (size_t s = 0; s < n; s++) pos[s] = positions[s] + i;
+            check_rows(tokens, pos.data(), ones.data(), n_seqs, tables, local_tables);
+        }
+        Plan& pl = run(tokens, positions, ones.data(), n_seqs, tables, local_tables, false, false);
+        if (pl.greedy_chain_rows(steps, out)) {
+            chained_steps_ += steps;
+            times_.read_s += now_s() - step_t0_;
+            times_.steps += steps;
+            return;
+        }
+    }
+    for (int i = 0; i < steps; i++) {  // one by one: each step's tokens the last one's argmax
+        for (size_t s = 0; s < n; s++) pos[s] = positions[s] + i;
+        Plan& pl = run(i ? out + size_t(i - 1) * n : tokens, pos.data(), ones.data(), n_seqs, tables, local_tables, false);
+        pl.argmax_rows(pl.graph().output, out + size_t(i) * n);
+        step_read_done();
+    }
+}
+
+bool BatchRunner::chains() {
+    // a decode step's plan: one split on a backend with a device chain (its inputs as a chain advances them)
+    Plan& pl = plan(1, 1);
+    return pl.splits().size() == 1 && sched_.backends()[size_t(pl.splits()[0].backend)]->chains();
 }
 
 float* BatchRunner::logits_buffer(int rows) {

@@ -44,6 +44,17 @@ class BatchRunner {
     // then id), found where the logits were computed: what a sampler whose chain needs only its top-k reads
     // (Sampler::best_needed), instead of the whole vocabulary's logits.  0 < k < n_vocab, k <= kBestMax.
     static constexpr int kBestMax = Plan::kTopKMax;
+    // `steps` greedy decode steps of n_seqs sequences, one row each (tokens at positions, the first step's): each
+    // step's argmax of a sequence's logits is its token in the next step, one position on.  out[i * n_seqs + s]:
+    // sequence s's token of step i.  Every step's rows are checked first (the tables must already hold the
+    // blocks of positions up to positions[s] + steps - 1).  Where the step is one split on a backend that
+    // chains (CUDA), tokens, positions and KV slots advance on the device and the host waits once; elsewhere
+    // (and while profiling) the host runs the steps one by one, with the same result.
+    void step_greedy_chain(const int32_t* tokens, const int32_t* positions, int n_seqs, const int32_t* tables,
+                           const int32_t* local_tables, int steps, int32_t* out);
+    // Whether step_greedy_chain chains a decode step's steps on the device.
+    bool chains();
+    int64_t chained_steps() const { return chained_steps_; }  // steps step_greedy_chain ran as a device chain
     void step_best(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
                    const int32_t* tables, const int32_t* local_tables, int k, float* vals, int32_t* ids);
     // Where step() writes logits fastest: [rows, n_vocab] floats the output's backend reads into directly (pinned
@@ -76,8 +87,17 @@ class BatchRunner {
     const StepTimes& step_times() const { return times_; }
 
   private:
+    // A step's rows: their KV slots (and in the sliding-window pool), sequence indices and each sequence's last
+    // row, every position and block checked (MinferError naming what is wrong).
+    struct StepRows {
+        int n = 0;
+        std::vector<int32_t> slots, seq, out_rows, local_slots;
+    };
+    StepRows check_rows(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
+                        const int32_t* tables, const int32_t* local_tables) const;
+    // A step's rows checked and its inputs written (launch: then enqueued, sync: and waited for).
     Plan& run(const int32_t* tokens, const int32_t* positions, const int32_t* seq_lens, int n_seqs,
-              const int32_t* tables, const int32_t* local_tables, bool sync);
+              const int32_t* tables, const int32_t* local_tables, bool sync, bool launch = true);
     Plan& plan(int n_tokens, int n_seqs);
     struct Cached {
         GraphParams params;
@@ -89,6 +109,7 @@ class BatchRunner {
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
     int graph_builds_ = 0;
+    int64_t chained_steps_ = 0;
     StepTimes times_;
     double step_t0_ = 0.0;  // the running step's read-back starts here (steady clock, seconds)
     void step_read_done();

@@ -86,6 +86,7 @@ class Scheduler {
     const std::string& device() const { return device_; }  // what "auto" resolved to
     const KvCache& kv() const { return kv_; }  // the session's cache (its regions once a plan has made them)
     int64_t chained_steps() const { return chained_steps_; }  // greedy_chain steps run as a device chain
+    bool profiling() const { return profile_on_; }  // ops timed one by one: no captures, no chains
     const OpProfile& op_profile() const { return *profile_; }
 
   private:

@@ -233,6 +233,39 @@ bool Plan::greedy_chain(int steps, int32_t* out) {
                                      buf_[size_t(pos)], out);
 }
 
+bool Plan::greedy_chain_rows(int steps, int32_t* out) {
+    if (splits_.size() != 1 || graph_.output < 0) return false;
+    const int be = splits_[0].backend;
+    const Node& o = graph_.nodes[size_t(graph_.output)];
+    Backend::ChainInputs in;
+    in.block_size = graph_.params.block_size;
+    in.max_blocks = graph_.params.max_blocks;
+    for (size_t i = 0; i < graph_.nodes.size(); i++) {
+        const Node& n = graph_.nodes[i];
+        if (n.op == Op::PickRows) return false;  // a step with prompt rows
+        if (n.op != Op::Input || n.meta.input == InputKind::Data) continue;
+        if (n.backend != be) return false;
+        const bool per_row = n.meta.input != InputKind::BlockTables && n.meta.input != InputKind::LocalTables;
+        if (per_row && n.rows * n.cols != o.rows) return false;  // not a row a sequence
+        int* slot = nullptr;
+        switch (n.meta.input) {
+            case InputKind::Tokens: slot = &in.token; break;
+            case InputKind::Positions: slot = &in.pos; break;
+            case InputKind::Slots: slot = &in.slot; break;
+            case InputKind::LocalSlots: slot = &in.local_slot; break;
+            case InputKind::BlockTables: slot = &in.tables; break;
+            case InputKind::LocalTables: slot = &in.local_tables; break;
+            case InputKind::SeqIndex: continue;  // row r is sequence r throughout
+            default: return false;               // OutRows: a step with prompt rows
+        }
+        if (*slot >= 0) return false;
+        *slot = buf_[i];
+    }
+    if (in.token < 0 || in.pos < 0 || in.slot < 0 || in.tables < 0 || o.backend != be) return false;
+    return backend(be)->greedy_chain_rows(steps, [&] { run_split(0, nullptr); }, buf_[size_t(graph_.output)], 0,
+                                          size_t(o.cols), o.rows, size_t(o.cols), in, out);
+}
+
 void Plan::write_input(InputKind kind, const int32_t* values, int n) {
     for (size_t i = 0; i < graph_.nodes.size(); i++) {
         const Node& node = graph_.nodes[i];

@@ -78,6 +78,11 @@ class Plan {
     bool greedy_chain(int steps, int32_t* out);
     // Whether greedy_chain would chain this plan's steps on its backend.
     bool chains() const;
+    // A batch decode step's greedy chain (Backend::greedy_chain_rows): every row one sequence's token, the step's
+    // inputs holding the first step's; step i's argmax of output row r goes to out[i * rows + r].  false, having
+    // run nothing: the plan is not one split on one backend, has rows that are not one a sequence (a prompt
+    // chunk, PickRows), or that backend has no chain.
+    bool greedy_chain_rows(int steps, int32_t* out);
 
     const Graph& graph() const { return graph_; }
     const std::vector<Split>& splits() const { return splits_; }

@@ -1,4 +1,5 @@
 // BatchRunner from Python: one step over many sequences of a paged KV pool (minfer.batch drives it).
+#include <algorithm>
 #include <cstring>
 
 #include "engine/batch.h"
@@ -122,6 +123,29 @@ void bind_batch(py::module_& m) {
            py::arg("local_tables") = py::none(), py::arg("k") = 40,
            "the same step; returns (values, ids), [n_seqs, k] each: each sequence's k best logits by value "
            "descending, then id, found where the logits were computed (0 < k < n_vocab)")
+        .def("step_greedy_chain", [](BatchRunner& b, I32Array tokens, I32Array positions, I32Array tables, int steps,
+                                     const py::object& local_tables) {
+            const py::ssize_t n = tokens.size();
+            I32Array ones(n);
+            std::fill(ones.mutable_data(), ones.mutable_data() + n, 1);
+            StepArgs a = step_args(b, tokens, positions, ones, tables, local_tables);
+            py::array_t<int32_t> out({py::ssize_t(steps > 0 ? steps : 0), n});
+            int32_t* o = out.mutable_data();
+            {
+                py::gil_scoped_release nogil;
+                b.step_greedy_chain(a.tokens.data(), a.positions.data(), a.n_seqs, a.tables.data(), a.local_tables(),
+                                    steps, o);
+            }
+            return out;
+        }, py::arg("tokens"), py::arg("positions"), py::arg("tables"), py::arg("steps"),
+           py::arg("local_tables") = py::none(),
+           "`steps` greedy decode steps, one token a sequence (tokens at positions: the first step's), each step's "
+           "argmax the next step's token; returns [steps, n_seqs] tokens.  The tables must hold the blocks of every "
+           "position the chain writes.  On CUDA the steps follow each other on the device with one wait")
+        .def_property_readonly("chains", &BatchRunner::chains,
+                               "whether step_greedy_chain runs its steps as a device chain (else one by one)")
+        .def_property_readonly("chained_steps", &BatchRunner::chained_steps,
+                               "steps step_greedy_chain has run as a device chain")
         .def("copy_block", &BatchRunner::copy_block, py::arg("src"), py::arg("dst"), py::arg("local") = false,
              "copies a block's KV rows in every layer of its pool (copy-on-write): local, the sliding-window layers' own")
         .def_property_readonly_static("best_max", [](py::object) { return BatchRunner::kBestMax; },
@@ -153,8 +177,7 @@ void bind_batch(py::module_& m) {
             py::dict d;  // op -> sorted backend names
             for (const auto& [op, names] : b.placement()) d[py::str(op)] = std::vector<std::string>(names.begin(), names.end());
             return d;
-        }, "which backends run each op of a step: {op: [backend, ...]} (on Metal the paged KV pool and its "
-           "attention run on the CPU)")
+        }, "which backends run each op of a step, a decode step's and a prompt step's: {op: [backend, ...]}")
         .def("op_profile", [](BatchRunner& b) {
             py::dict d;  // with MINFER_OP_PROFILE=1: seconds and calls per op so far
             const OpProfile& p = b.scheduler().op_profile();

@@ -131,6 +131,20 @@ class BlockPool:
         seq.n_tokens += 1
         return copy
 
+    def reserve(self, seq: SeqBlocks, n: int) -> list[int]:
+        """Room for the sequence's next n tokens at once (a chain of greedy steps writes them before the engine
+        sees them), in fresh blocks past its last one; the last block must be its own (append has run for the
+        token before).  Returns the new blocks.  RuntimeError when the pool has too few free blocks."""
+        if n < 0 or (seq.n_tokens % self.block_size and self.refs[seq.table[-1]] > 1):
+            raise ValueError(f"reserve: {n} tokens past a shared or missing last block")
+        need = self.blocks_for(seq.n_tokens + n) - len(seq.table)
+        if need > self.n_free:
+            raise RuntimeError(f"reserve: {n} tokens need {need} blocks, {self.n_free} are free")
+        new = [self._fresh() for _ in range(need)]
+        seq.table.extend(new)
+        seq.n_tokens += n
+        return new
+
     def extend_in_place(self, seq: SeqBlocks) -> bool:
         """append's usual case in one call: the next token fits the sequence's own unshared last block, and is
         counted in; False (nothing changed) where it needs a new block or a copy (then ask can_append/append)."""

@@ -36,7 +36,7 @@ CudaBackend::CudaBackend(const WeightStore* weights, size_t reserve_bytes) {
     argmax_part_ = device_alloc(size_t(cuda::kArgmaxBlocks) * 8, "the argmax scratch");
     split_counters_ = (int*)device_alloc(size_t(cuda::kGemmMmaCounters) * sizeof(int), "the split counters");
     check(cudaMemset(split_counters_, 0, size_t(cuda::kGemmMmaCounters) * sizeof(int)), "zeroing the split counters");
-    check(cudaHostAlloc((void**)&chain_host_, kChainSteps * sizeof(int32_t), cudaHostAllocMapped),
+    check(cudaHostAlloc((void**)&chain_host_, kChainResults * sizeof(int32_t), cudaHostAllocMapped),
           "allocating the chain's results");
     check(cudaHostGetDevicePointer((void**)&chain_dev_, chain_host_, 0), "mapping the chain's results");
 
@@ -372,6 +372,32 @@ bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int
         }
         synchronize();
         std::memcpy(out + done, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
+        done += m;
+    }
+    return true;
+}
+
+// As greedy_chain, a row a sequence: the argmax kernel writes each row's token, position and slots.
+bool CudaBackend::greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
+                                    int rows, size_t ld, const ChainInputs& in, int32_t* out) {
+    usable();
+    if (rows < 1 || rows > kChainResults || in.token < 0 || in.pos < 0 || (in.slot >= 0) != (in.tables >= 0) ||
+        (in.local_slot >= 0) != (in.local_tables >= 0) || (in.slot >= 0 && (in.block_size < 1 || in.max_blocks < 1)))
+        throw MinferError(strfmt("CUDA greedy chain: %d rows, or its inputs are not a batch step's", rows));
+    auto ptr = [&](int b) { return b >= 0 ? (int32_t*)raw(b) : nullptr; };
+    const int per_wait = kChainResults / rows;
+    for (int done = 0; done < steps;) {
+        const int m = std::min(per_wait, steps - done);
+        for (int i = 0; i < m; i++) {
+            step();
+            const cuda::ArgmaxFeed feed{ptr(in.token), ptr(in.pos), chain_dev_ + size_t(i) * size_t(rows),
+                                        ptr(in.slot), ptr(in.tables), ptr(in.local_slot), ptr(in.local_tables),
+                                        in.block_size, in.max_blocks};
+            cuda::argmax_rows_feed((const float*)raw(id) + offset, int64_t(ld), int(n), rows, feed, argmax_part_,
+                                   err_dev_, stream_);
+        }
+        synchronize();
+        std::memcpy(out + size_t(done) * size_t(rows), (const void*)chain_host_, size_t(m) * size_t(rows) * sizeof(int32_t));
         done += m;
     }
     return true;

@@ -26,8 +26,9 @@ inline void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw MinferError(strfmt("CUDA: %s failed: %s", what, cudaGetErrorString(e)));
 }
 
-// A greedy chain waits after at most this many steps (bounded waits, a fixed result buffer).
-constexpr int kChainSteps = 256;
+// A greedy chain waits after at most this many steps (bounded waits, a fixed result buffer); a batch's chain
+// after as many as kChainResults winners hold (256 steps of 64 sequences).
+constexpr int kChainSteps = 256, kChainResults = 1 << 14;
 
 // How long a wait polls without sleeping (seconds): longer than any decode step of the models run here.
 constexpr double kSpinS = 0.05;
@@ -100,6 +101,8 @@ class CudaBackend : public Backend {
     bool chains() const override { return true; }
     bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
                       int pos_id, int32_t* out) override;
+    bool greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int rows,
+                           size_t ld, const ChainInputs& in, int32_t* out) override;
 
     bool replay_split(uint64_t key) override;
     bool begin_capture(uint64_t key) override;
@@ -145,7 +148,7 @@ class CudaBackend : public Backend {
     int* argmax_dev_ = nullptr;
     void* argmax_part_ = nullptr;   // the argmax's per-block winners
     int* split_counters_ = nullptr;  // gemm_mma's K ranges done a row range (zero between launches)
-    int32_t* chain_host_ = nullptr;  // host-mapped: a greedy chain's tokens (kChainSteps), read after its wait
+    int32_t* chain_host_ = nullptr;  // host-mapped: a greedy chain's tokens (kChainResults), read after its wait
     int32_t* chain_dev_ = nullptr;
     float* staging_ = nullptr;      // pinned, for bounded reads
     size_t staging_floats_ = 0;

@@ -60,6 +60,18 @@ __device__ __forceinline__ void better(float& v, int& i, float v2, int i2) {
     if (v2 > v || (v2 == v && i2 < i)) v = v2, i = i2;
 }
 
+// A chained step's row r: its winner becomes the next step's token at the next position (kernels.h, ArgmaxFeed).
+__device__ __forceinline__ void feed_next(const ArgmaxFeed& f, int r, int win) {
+    f.token[r] = win;
+    f.result[r] = win;
+    const int p = ++f.pos[r];
+    if (!f.slot) return;
+    const int b = p / f.block_size, at = p % f.block_size;  // past the table: a step the chain does not run
+    const int64_t t = int64_t(r) * f.max_blocks + b;
+    f.slot[r] = b < f.max_blocks ? f.tables[t] * f.block_size + at : -1;
+    if (f.local_slot) f.local_slot[r] = b < f.max_blocks ? f.local_tables[t] * f.block_size + at : -1;
+}
+
 __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int64_t ldx, int chunk,
                               float* pv, int* pi, int* out, uint32_t* err, ArgmaxFeed feed,
                               const uint32_t* __restrict__ allow, int64_t ld_allow) {
@@ -99,7 +111,7 @@ __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict
             } else {
                 const int win = i != INT_MAX ? i : 0;  // all -inf: token 0, as a scan would pick
                 *out = win;
-                if (feed.token) *feed.token = win, *feed.pos += 1, *feed.result = win;
+                if (feed.token) feed_next(feed, int(row), win);
             }
         }
     }
@@ -137,15 +149,21 @@ void argmax_launch(const float* x, int64_t ldx, int n, int rows, int* out, void*
         const int m = std::min(per, rows - r);
         const float* xr = x + int64_t(r) * ldx;
         const uint32_t* ar = allow ? allow + int64_t(r) * ld_allow : nullptr;
+        ArgmaxFeed fr = feed;  // this launch's rows start at row r
+        if (fr.token) {
+            fr.token += r, fr.pos += r, fr.result += r;
+            if (fr.slot) fr.slot += r, fr.tables += int64_t(r) * fr.max_blocks;
+            if (fr.local_slot) fr.local_slot += r, fr.local_tables += int64_t(r) * fr.max_blocks;
+        }
         if (blocks == 1) {
             launch("argmax", argmax_kernel, dim3(1, unsigned(m)), dim3(1024), 0, s, xr, (const int*)nullptr, n, ldx, n,
-                   (float*)nullptr, (int*)nullptr, out + r, err, feed, ar, ld_allow);
+                   (float*)nullptr, (int*)nullptr, out + r, err, fr, ar, ld_allow);
             continue;
         }
         launch("argmax", argmax_kernel, dim3(unsigned(blocks), unsigned(m)), dim3(1024), 0, s, xr, (const int*)nullptr,
                n, ldx, chunk, pv, pi, (int*)nullptr, err, ArgmaxFeed{}, ar, ld_allow);
         launch("argmax_final", argmax_kernel, dim3(1, unsigned(m)), dim3(1024), 0, s, (const float*)pv, (const int*)pi,
-               blocks, int64_t(blocks), blocks, (float*)nullptr, (int*)nullptr, out + r, (uint32_t*)nullptr, feed,
+               blocks, int64_t(blocks), blocks, (float*)nullptr, (int*)nullptr, out + r, (uint32_t*)nullptr, fr,
                (const uint32_t*)nullptr, int64_t(0));
     }
 }
@@ -159,6 +177,11 @@ void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaS
 void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
                  const uint32_t* allow, int64_t ld_allow) {
     argmax_launch(x, ldx, n, rows, out, partial, err, s, ArgmaxFeed{}, allow, ld_allow);
+}
+
+void argmax_rows_feed(const float* x, int64_t ldx, int n, int rows, const ArgmaxFeed& feed, void* partial,
+                      uint32_t* err, cudaStream_t s) {
+    argmax_launch(x, ldx, n, rows, feed.result, partial, err, s, feed, nullptr, 0);
 }
 
 void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb, float* y, int64_t ldy, int rows,

@@ -232,12 +232,20 @@ void elementwise(Ew op, const float* a, int64_t lda, const float* b, int64_t ldb
 // out = index of the largest of x[0..n), the first on ties (greedy decoding on the device).
 // partial: kArgmaxBlocks floats + kArgmaxBlocks ints of device scratch.
 constexpr int kArgmaxBlocks = 1024;
-// Greedy decode chained on the device: the winner is also the next step's token, the position input
-// advances by one, and the winner is written to *result (host-mapped) -- no host turn between steps.
+// Greedy decode chained on the device: row r's winner is also the next step's token (token[r]), its position
+// input advances by one (pos[r]), and the winner is written to result[r] (host-mapped) -- no host turn between
+// steps.  A batch step's rows (one a sequence) also find the KV slot of that next position through their block
+// tables (slot[r] = tables[r * max_blocks + p / block_size] * block_size + p % block_size; -1 past the table),
+// and the same in the sliding-window layers' pool where local_slot is set.
 struct ArgmaxFeed {
     int32_t* token = nullptr;
     int32_t* pos = nullptr;
     int32_t* result = nullptr;
+    int32_t* slot = nullptr;
+    const int32_t* tables = nullptr;
+    int32_t* local_slot = nullptr;
+    const int32_t* local_tables = nullptr;
+    int block_size = 0, max_blocks = 0;
 };
 // A NaN among the n values sets kNanLogit in *err (NaN is never the winner).  allow (device memory): nullptr,
 // or constrained decoding's bitmask of the indices that may win (bit i of allow[i / 32]).
@@ -247,6 +255,9 @@ void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaS
 // pair for as many rows as their partials fit the kArgmaxBlocks of scratch (26 of a 152k vocabulary), not a pair a row.
 void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
                  const uint32_t* allow = nullptr, int64_t ld_allow = 0);
+// The same, each row's winner fed to the next step of a batch's greedy chain (feed's row fields, rows of them).
+void argmax_rows_feed(const float* x, int64_t ldx, int n, int rows, const ArgmaxFeed& feed, void* partial,
+                      uint32_t* err, cudaStream_t s);
 // Each of `rows` rows of n floats (ld apart)'s k best values and their indices, into vals / ids [rows, k] (device
 // or host-mapped memory), ordered by value descending, then index ascending (the sampler's top_k); 0 < k < n,
 // k <= kTopKMax.  A NaN sets kNanLogit in *err and is never chosen.  scratch: top_k_scratch_bytes of device memory.
