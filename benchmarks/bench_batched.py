@@ -164,7 +164,7 @@ def profile(model, a, P: int, T: int) -> None:
 
 
 def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0, path: str = "",
-                    device: str = "cpu", stand_in_ms: float = 0.0) -> tuple[float, float, float]:
+                    device: str = "cpu", stand_in_ms: float = 0.0, chain: int = 0) -> tuple[float, float, float]:
     """(the engine's own ms a step, the median ms between two steps, the steps' ms) for B sequences of 16 prompt
     tokens and T tokens each, greedy or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p
     0.95, min_p 0.05), on the tiny synthetic model (152k tokens) or the model at `path` on `device`.  Only the
@@ -172,7 +172,9 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
     requests' submission and their results (once a request, spread over its steps), the second only the
     engine's work from one step's end to the next one's start: the time a device waits between steps.
     stand_in_ms > 0: each step sleeps that long and returns made-up tokens (or best logits) instead of running
-    the model -- the engine as a GPU host runs it, its caches not flushed by CPU steps in between."""
+    the model -- the engine as a GPU host runs it, its caches not flushed by CPU steps in between.  chain: greedy
+    steps a chain (default: the engine's choice); with chains the time between steps is the mean (a chain's steps
+    have none between them), else the median."""
     from conftest import synthetic_model
     from minfer.batch import Engine
 
@@ -180,12 +182,21 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
     path = path or str(synthetic_model("qwen2-tiny-f32"))
     with Engine(path, threads=threads, backend=device, max_sequences=B, n_ctx=256) as eng:
         prompts = [list(map(int, rng.integers(100, 30000, size=16))) for _ in range(B)]
+        if chain:
+            eng._chain_steps = chain
         eng.generate_batch(prompts[:2], max_tokens=4)  # warm-up
         runner, in_steps, marks = eng._runner, [0.0], []
         best_vals = -np.sort(-rng.standard_normal((B, runner.best_max)).astype(np.float32), axis=1)
         best_ids = rng.integers(100, 30000, size=(B, runner.best_max)).astype(np.int32)
 
         def stand_in(name, tokens, positions, seq_lens, *a, k=0, **kw):
+            if name == "step_greedy_chain":  # (tokens, positions, tables, steps): steps made-up steps
+                steps = a[0]
+                time.sleep(steps * stand_in_ms / 1e3)
+                out = [tokens]
+                for _ in range(steps):
+                    out.append((out[-1] * 7 + 13) % 30000 + 100)
+                return np.array(out[1:], np.int32)
             time.sleep(stand_in_ms / 1e3)
             n = len(seq_lens)
             if name == "step_best":
@@ -199,12 +210,17 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
             def __getattr__(self, k):
                 return getattr(runner, k)
 
-            def timed(self, name, *a, **kw):
+            def timed(self, name, *a, steps=1, **kw):
                 t = time.perf_counter()
                 out = stand_in(name, *a, **kw) if stand_in_ms else getattr(runner, name)(*a, **kw)
-                marks.append((t, time.perf_counter()))
-                in_steps[0] += marks[-1][1] - t
+                t1 = time.perf_counter()
+                for i in range(steps):  # a chain's steps follow each other with nothing in between
+                    marks.append((t + (t1 - t) * i / steps, t + (t1 - t) * (i + 1) / steps))
+                in_steps[0] += t1 - t
                 return out
+
+            def step_greedy_chain(self, *a, **kw):
+                return self.timed("step_greedy_chain", *a, steps=a[3], **kw)
 
             def step_greedy(self, *a, **kw):
                 return self.timed("step_greedy", *a, **kw)
@@ -219,7 +235,8 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
         s0, t0 = eng.steps, time.perf_counter()
         eng.generate_batch(prompts, max_tokens=T, **sampling)
         dt, n = time.perf_counter() - t0, eng.steps - s0
-    between = np.median([b[0] - a[1] for a, b in zip(marks, marks[1:])])
+    gaps = [b[0] - a[1] for a, b in zip(marks, marks[1:])]
+    between = np.median(gaps) if max(eng._chain_steps, 1) == 1 else np.sum(gaps) / len(gaps)
     return (dt - in_steps[0]) / n * 1e3, between * 1e3, in_steps[0] / n * 1e3
 
 
@@ -271,11 +288,11 @@ def main():
     if a.overhead:  # the tiny model unless a model is named
         model = model_path(a.model) if a.model else ""
         own, between, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device,
-                                              stand_in_ms=a.stand_in)
+                                              stand_in_ms=a.stand_in, chain=a.chain)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
         what = f"a {a.stand_in:g} ms stand-in" if a.stand_in else Path(model).name if model else "the tiny model"
         print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of {what}: "
-              f"{between:.3f} ms between steps (median; {100 * between / steps:.1f} %), {own:.3f} ms a step of its "
+              f"{between:.3f} ms between steps ({'mean' if a.chain > 1 else 'median'}; {100 * between / steps:.1f} %), {own:.3f} ms a step of its "
               f"own with the requests' submission and results ({100 * own / steps:.1f} %, "
               f"{own / a.overhead * 1e3:.1f} us a sequence)")
         return
