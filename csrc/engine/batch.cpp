@@ -202,7 +202,7 @@ void BatchRunner::step_greedy_chain(const int32_t* tokens, const int32_t* positi
     if (n_seqs < 1) throw MinferError("batch step: no sequences");
     const size_t n = size_t(n_seqs);
     std::vector<int32_t> ones(n, 1), pos(n);
-    if (!sched_.profiling() && chains()) {
+    if (!sched_.profiling() && chains(plan(n_seqs, n_seqs))) {
         // every step's rows checked (positions, blocks, distinct KV rows) before the first runs (the tokens past
         // the first step's come from the device, each an argmax over the vocabulary)
         for (int i = 1; i < steps; i++) {
@@ -225,11 +225,11 @@ void BatchRunner::step_greedy_chain(const int32_t* tokens, const int32_t* positi
     }
 }
 
-bool BatchRunner::chains() {
-    // a decode step's plan: one split on a backend with a device chain (its inputs as a chain advances them)
-    Plan& pl = plan(1, 1);
-    return pl.splits().size() == 1 && sched_.backends()[size_t(pl.splits()[0].backend)]->chains();
+bool BatchRunner::chains(const Plan& decode) const {
+    return decode.splits().size() == 1 && sched_.backends()[size_t(decode.splits()[0].backend)]->chains();
 }
+
+bool BatchRunner::chains() { return chains(plan(1, 1)); }
 
 float* BatchRunner::logits_buffer(int rows) {
     if (logits_buf_) {

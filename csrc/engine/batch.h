@@ -108,6 +108,7 @@ class BatchRunner {
     int block_size_, n_blocks_, max_blocks_, n_local_blocks_ = 0;
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
+    bool chains(const Plan& decode) const;  // a decode step's plan is one split on a backend that chains
     int graph_builds_ = 0;
     int64_t chained_steps_ = 0;
     StepTimes times_;

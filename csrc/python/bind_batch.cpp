@@ -142,7 +142,7 @@ void bind_batch(py::module_& m) {
            "`steps` greedy decode steps, one token a sequence (tokens at positions: the first step's), each step's "
            "argmax the next step's token; returns [steps, n_seqs] tokens.  The tables must hold the blocks of every "
            "position the chain writes.  On CUDA the steps follow each other on the device with one wait")
-        .def_property_readonly("chains", &BatchRunner::chains,
+        .def_property_readonly("chains", [](BatchRunner& b) { return b.chains(); },
                                "whether step_greedy_chain runs its steps as a device chain (else one by one)")
         .def_property_readonly("chained_steps", &BatchRunner::chained_steps,
                                "steps step_greedy_chain has run as a device chain")
