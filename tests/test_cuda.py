@@ -392,6 +392,10 @@ def test_decode_fusions(q05_model, name, rng, force):
     fused forward pass matches the unfused one.  Decode keeps its activations f32 for the comparison: the
     fused norm sums in another order, and an ulp of difference would move an 8-bit activation by a step."""
     force("cuda.decode_activations", "f32")
+    # and the prompt's products on f16 slices: the bf16 product's split of K follows its launch's blocks, so q, k
+    # and v in one launch sum in another order than each alone (the bf16 layouts the fused producers write are
+    # checked bit for bit in test_batch_products_take_the_bf16_their_producer_wrote)
+    force("cuda.batch_matmul", "f16")
     model = q05_model if name == "q05" else M.Model(str(synthetic_model("qwen3-tiny-q8_0")))
     s = M.Session(model, threads=4, n_ctx=256, device="cuda")
     ops = [n["op"] for n in s.plan(1).nodes]
