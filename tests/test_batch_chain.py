@@ -58,15 +58,17 @@ def test_a_chain_gives_the_tokens_and_kv_of_single_steps(device, rng):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_chain_checks_every_step_before_the_first(device, rng):
     """A block missing for a later step of the chain, a position past the context or no steps: an error naming
-    it, before any step runs (the KV is unchanged: a step afterwards gives the logits it gave before)."""
+    it before any step runs -- the K/V rows its first steps would write keep what they held (a step reading
+    them gives the logits it gave before)."""
     prompts = [rng.integers(0, 150000, size=n) for n in (14, 3)]
     runner, tables, first = prompted_runner(device, prompts)
+    a, b, c = (int(t) for t in (first[0] + 1) % 150000 + np.arange(3))
+    one = tables[:1]
+    runner.step(np.array([a, b], np.int32), np.array([14, 15], np.int32), np.array([2], np.int32), one)  # rows 14, 15
+    before = runner.step(np.array([c], np.int32), np.array([16], np.int32), np.array([1], np.int32), one)
     start = np.array([14, 3], np.int32)
-    ones = np.ones(2, np.int32)
-    before = runner.step(first, start, ones, tables)
     short = tables.copy()
     short[0, 1:] = -1  # sequence 0 has only its first block: positions 14 and 15 fit, 16 does not
-    runner.step_greedy_chain(first, start, short, 2)
     with pytest.raises(minfer.MinferError, match="sequence 0's block 1 is -1"):
         runner.step_greedy_chain(first, start, short, 3)
     with pytest.raises(minfer.MinferError, match="outside the context of 128"):
@@ -75,7 +77,9 @@ def test_a_chain_checks_every_step_before_the_first(device, rng):
         runner.step_greedy_chain(first, start, tables, 0)
     with pytest.raises(ValueError, match="tables must be"):
         runner.step_greedy_chain(first, start, tables[:1], 2)
-    assert np.array_equal(runner.step(first, start, ones, tables), before)
+    after = runner.step(np.array([c], np.int32), np.array([16], np.int32), np.array([1], np.int32), one)
+    assert np.array_equal(after, before)
+    assert runner.step_greedy_chain(first, start, short, 2).shape == (2, 2)  # the steps that fit run
 
 
 @pytest.fixture(scope="module")

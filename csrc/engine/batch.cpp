@@ -202,13 +202,13 @@ void BatchRunner::step_greedy_chain(const int32_t* tokens, const int32_t* positi
     if (n_seqs < 1) throw MinferError("batch step: no sequences");
     const size_t n = size_t(n_seqs);
     std::vector<int32_t> ones(n, 1), pos(n);
+    // every step's rows checked (positions, blocks, distinct KV rows) before the first runs (the tokens past the
+    // first step's are argmaxes over the vocabulary)
+    for (int i = 1; i < steps; i++) {
+        for (size_t s = 0; s < n; s++) pos[s] = positions[s] + i;
+        check_rows(tokens, pos.data(), ones.data(), n_seqs, tables, local_tables);
+    }
     if (!sched_.profiling() && chains(plan(n_seqs, n_seqs))) {
-        // every step's rows checked (positions, blocks, distinct KV rows) before the first runs (the tokens past
-        // the first step's come from the device, each an argmax over the vocabulary)
-        for (int i = 1; i < steps; i++) {
-            for (size_t s = 0; s < n; s++) pos[s] = positions[s] + i;
-            check_rows(tokens, pos.data(), ones.data(), n_seqs, tables, local_tables);
-        }
         Plan& pl = run(tokens, positions, ones.data(), n_seqs, tables, local_tables, false, false);
         if (pl.greedy_chain_rows(steps, out)) {
             chained_steps_ += steps;
