@@ -87,9 +87,9 @@ def tiny_path():
     return str(synthetic_model(TINY))
 
 
-def run_engine(path, prompts, each, chain, device):
-    """Each request's Completion, and how many chains the engine ran."""
-    with Engine(path, n_ctx=256, threads=2, max_sequences=4, block_size=16, backend=device) as eng:
+def run_engine(path, prompts, each, chain, device, max_sequences=4):
+    """Each request's Completion, and the length of each chain the engine ran."""
+    with Engine(path, n_ctx=256, threads=2, max_sequences=max_sequences, block_size=16, backend=device) as eng:
         eng._chain_steps = chain  # (the device decides it; on the CPU a chain's steps run one by one)
         chains = []
         run_chain = eng._run_chain
@@ -122,3 +122,15 @@ def test_engine_chains_give_the_tokens_of_single_steps(tiny_path, device, rng):
     a, _ = run_engine(tiny_path, prompts, sampled, 1, device)
     b, _ = run_engine(tiny_path, prompts, sampled, 5, device)
     assert [o.tokens for o in a] == [o.tokens for o in b]
+
+
+def test_engine_chains_while_requests_wait_for_a_slot(tiny_path, rng):
+    """Six greedy requests through two slots: the four that wait for a slot do not stop the running pair's
+    chains (a chain ends where the first of them makes its last token), and every request gets the tokens of
+    the engine stepping one by one."""
+    prompts = [list(map(int, rng.integers(0, 150000, size=n))) for n in (4, 11, 7, 2, 9, 5)]
+    each = [dict(max_tokens=n) for n in (14, 9, 21, 6, 12, 17)]
+    single, _ = run_engine(tiny_path, prompts, each, 1, "cpu", max_sequences=2)
+    chained, chains = run_engine(tiny_path, prompts, each, 8, "cpu", max_sequences=2)
+    assert [c.tokens for c in chained] == [s.tokens for s in single]
+    assert len(chains) >= 4 and max(chains) == 8

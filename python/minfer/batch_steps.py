@@ -205,9 +205,12 @@ class Steps:
 
     def _chain_length(self, reqs: list[Request]) -> int:
         """How many greedy steps the sequences of a decode step can run as one chain (1: none): every one greedy
-        with nothing else to do between steps (no draft, no constraint, no logprobs), no request waiting to
-        join or cancelled, each with that many tokens still to make and the pool blocks for them."""
-        if self._waiting or self._cancelled or self.window_pool is not None:
+        with nothing else to do between steps (no draft, no constraint, no logprobs), none cancelled, no request
+        waiting that a free slot could take (one waiting for a slot waits for a sequence to end, and a chain
+        never runs past a sequence's last token), each with that many tokens still to make and the pool blocks
+        for them."""
+        if (self._waiting and len(self._running) < self.max_sequences) or self._cancelled or \
+                self.window_pool is not None:
             return 1
         k = self._chain_steps
         for r in reqs:
