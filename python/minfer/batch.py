@@ -14,7 +14,8 @@ join at the next step; finished and cancelled ones leave at once.  Each sequence
 one pool (minfer.kv_blocks): a prompt that begins like an earlier one reuses its computed blocks, and when
 the pool runs out the newest sequence is preempted (its blocks freed, its tokens recomputed when blocks are
 free again: the same tokens come out).  On the CPU a sequence's greedy tokens do not depend on what else is
-in the batch: every kernel computes each row the same way at any batch size.
+in the batch: every kernel computes each row the same way at any batch size.  The step itself (which rows,
+running them, taking their tokens; chains of greedy steps on a GPU) is minfer.batch_steps.
 
 Text is made where it is read: a request without stop strings streams token ids to its reader, whose thread
 turns them into text, so the engine's step does no per-token text work for it; stop strings need the text
