@@ -116,3 +116,34 @@ def test_prefix_caching_and_preemption_with_a_window_pool(gemma, alone, rng):
         assert eng.preemptions > 0
         assert eng.pool.n_free == eng.pool.n_blocks and eng.window_pool.n_free == eng.window_pool.n_blocks
     assert [o.tokens for o in outs] == expected
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_a_greedy_chain_over_a_window_pool_runs_its_steps_one_by_one(gemma, rng, device):
+    """With a sliding-window pool of its own (whose blocks the engine gives back as a sequence moves on) a
+    chain of greedy steps is never a device chain: its steps run one by one, giving single steps' tokens."""
+    if device == "cuda":
+        require_cuda()
+    model = _minfer.Model(gemma)
+    ids = prompts(1, rng, 40, 41)[0][:40]
+
+    def prompted():
+        r = _minfer.BatchRunner(model, n_ctx=1024, threads=2, kv_tokens=4096, block_size=16, device=device,
+                                local_tokens=512)
+        local = np.full((1, r.max_blocks), -1, np.int32)
+        local[0, :4] = [5, 7, 9, 11]
+        t = np.zeros((1, r.max_blocks), np.int32)
+        t[0, :4] = [3, 1, 2, 0]
+        first = r.step_greedy(np.asarray(ids, np.int32), np.arange(40, dtype=np.int32), np.array([40], np.int32), t,
+                              local)
+        return r, t, local, first
+    a, t, local, first = prompted()
+    assert not a.chains
+    chained = a.step_greedy_chain(first, np.array([40], np.int32), t, 10, local)
+    b, _, _, tok = prompted()
+    single = []
+    for i in range(10):
+        tok = b.step_greedy(tok, np.array([40 + i], np.int32), np.ones(1, np.int32), t, local)
+        single.append(tok)
+    assert np.array_equal(chained, np.array(single)) and a.chained_steps == 0
+

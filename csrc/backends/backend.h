@@ -80,12 +80,12 @@ class Backend {
     // The inputs a batch's greedy chain advances (buffer ids; -1: the plan has none): every row is one sequence's
     // token at its position, its KV slot found through its row of the block tables (max_blocks entries).
     struct ChainInputs {
-        int token = -1, pos = -1, slot = -1, tables = -1, local_slot = -1, local_tables = -1;
+        int token = -1, pos = -1, slot = -1, tables = -1;
         int block_size = 0, max_blocks = 0;
     };
     // A batch step's greedy decode chained on the device for `steps` steps: after each step() the argmax of each
     // of `rows` rows of n floats (ld apart) at (id, offset) becomes that sequence's next token, its position
-    // advances by one and its slot (and local slot) follow its block table; row r's winner of step i goes to
+    // advances by one and its slot follows its block table; row r's winner of step i goes to
     // out[i * rows + r].  false: this backend has no such chain (nothing was run; the caller loops).
     virtual bool greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
                                    int rows, size_t ld, const ChainInputs& in, int32_t* out) {

@@ -226,7 +226,8 @@ void BatchRunner::step_greedy_chain(const int32_t* tokens, const int32_t* positi
 }
 
 bool BatchRunner::chains(const Plan& decode) const {
-    return decode.splits().size() == 1 && sched_.backends()[size_t(decode.splits()[0].backend)]->chains();
+    return n_local_blocks_ == 0 && decode.splits().size() == 1 &&
+           sched_.backends()[size_t(decode.splits()[0].backend)]->chains();
 }
 
 bool BatchRunner::chains() { return chains(plan(1, 1)); }

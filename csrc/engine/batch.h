@@ -48,8 +48,9 @@ class BatchRunner {
     // step's argmax of a sequence's logits is its token in the next step, one position on.  out[i * n_seqs + s]:
     // sequence s's token of step i.  Every step's rows are checked first (the tables must already hold the
     // blocks of positions up to positions[s] + steps - 1).  Where the step is one split on a backend that
-    // chains (CUDA), tokens, positions and KV slots advance on the device and the host waits once; elsewhere
-    // (and while profiling) the host runs the steps one by one, with the same result.
+    // chains (CUDA) and has no sliding-window pool of its own, tokens, positions and KV slots advance on the
+    // device and the host waits once; elsewhere (and while profiling) the host runs the steps one by one, with
+    // the same result.
     void step_greedy_chain(const int32_t* tokens, const int32_t* positions, int n_seqs, const int32_t* tables,
                            const int32_t* local_tables, int steps, int32_t* out);
     // Whether step_greedy_chain chains a decode step's steps on the device.
@@ -108,7 +109,8 @@ class BatchRunner {
     int block_size_, n_blocks_, max_blocks_, n_local_blocks_ = 0;
     KvCache kv_;
     std::list<Cached> plans_;  // most recent first
-    bool chains(const Plan& decode) const;  // a decode step's plan is one split on a backend that chains
+    // a decode step's plan is one split on a backend that chains, and no sliding-window pool of its own
+    bool chains(const Plan& decode) const;
     int graph_builds_ = 0;
     int64_t chained_steps_ = 0;
     StepTimes times_;

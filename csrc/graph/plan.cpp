@@ -245,18 +245,17 @@ bool Plan::greedy_chain_rows(int steps, int32_t* out) {
         if (n.op == Op::PickRows) return false;  // a step with prompt rows
         if (n.op != Op::Input || n.meta.input == InputKind::Data) continue;
         if (n.backend != be) return false;
-        const bool per_row = n.meta.input != InputKind::BlockTables && n.meta.input != InputKind::LocalTables;
+        const bool per_row = n.meta.input != InputKind::BlockTables;
         if (per_row && n.rows * n.cols != o.rows) return false;  // not a row a sequence
         int* slot = nullptr;
         switch (n.meta.input) {
             case InputKind::Tokens: slot = &in.token; break;
             case InputKind::Positions: slot = &in.pos; break;
             case InputKind::Slots: slot = &in.slot; break;
-            case InputKind::LocalSlots: slot = &in.local_slot; break;
             case InputKind::BlockTables: slot = &in.tables; break;
-            case InputKind::LocalTables: slot = &in.local_tables; break;
             case InputKind::SeqIndex: continue;  // row r is sequence r throughout
-            default: return false;               // OutRows: a step with prompt rows
+            default: return false;  // OutRows: a step with prompt rows; a sliding-window pool's (the engine
+                                    // chains none: its window blocks are given back as a sequence moves on)
         }
         if (*slot >= 0) return false;
         *slot = buf_[i];

@@ -81,7 +81,7 @@ class Plan {
     // A batch decode step's greedy chain (Backend::greedy_chain_rows): every row one sequence's token, the step's
     // inputs holding the first step's; step i's argmax of output row r goes to out[i * rows + r].  false, having
     // run nothing: the plan is not one split on one backend, has rows that are not one a sequence (a prompt
-    // chunk, PickRows), or that backend has no chain.
+    // chunk, PickRows) or a sliding-window pool of its own, or that backend has no chain.
     bool greedy_chain_rows(int steps, int32_t* out);
 
     const Graph& graph() const { return graph_; }

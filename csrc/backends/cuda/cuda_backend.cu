@@ -382,7 +382,7 @@ bool CudaBackend::greedy_chain_rows(int steps, const std::function<void()>& step
                                     int rows, size_t ld, const ChainInputs& in, int32_t* out) {
     usable();
     if (rows < 1 || rows > kChainResults || in.token < 0 || in.pos < 0 || (in.slot >= 0) != (in.tables >= 0) ||
-        (in.local_slot >= 0) != (in.local_tables >= 0) || (in.slot >= 0 && (in.block_size < 1 || in.max_blocks < 1)))
+        (in.slot >= 0 && (in.block_size < 1 || in.max_blocks < 1)))
         throw MinferError(strfmt("CUDA greedy chain: %d rows, or its inputs are not a batch step's", rows));
     auto ptr = [&](int b) { return b >= 0 ? (int32_t*)raw(b) : nullptr; };
     const int per_wait = kChainResults / rows;
@@ -391,8 +391,7 @@ bool CudaBackend::greedy_chain_rows(int steps, const std::function<void()>& step
         for (int i = 0; i < m; i++) {
             step();
             const cuda::ArgmaxFeed feed{ptr(in.token), ptr(in.pos), chain_dev_ + size_t(i) * size_t(rows),
-                                        ptr(in.slot), ptr(in.tables), ptr(in.local_slot), ptr(in.local_tables),
-                                        in.block_size, in.max_blocks};
+                                        ptr(in.slot), ptr(in.tables), in.block_size, in.max_blocks};
             cuda::argmax_rows_feed((const float*)raw(id) + offset, int64_t(ld), int(n), rows, feed, argmax_part_,
                                    err_dev_, stream_);
         }

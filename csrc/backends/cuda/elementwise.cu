@@ -69,7 +69,6 @@ __device__ __forceinline__ void feed_next(const ArgmaxFeed& f, int r, int win) {
     const int b = p / f.block_size, at = p % f.block_size;  // past the table: a step the chain does not run
     const int64_t t = int64_t(r) * f.max_blocks + b;
     f.slot[r] = b < f.max_blocks ? f.tables[t] * f.block_size + at : -1;
-    if (f.local_slot) f.local_slot[r] = b < f.max_blocks ? f.local_tables[t] * f.block_size + at : -1;
 }
 
 __global__ void argmax_kernel(const float* __restrict__ x, const int* __restrict__ ids, int n, int64_t ldx, int chunk,
@@ -153,7 +152,6 @@ void argmax_launch(const float* x, int64_t ldx, int n, int rows, int* out, void*
         if (fr.token) {
             fr.token += r, fr.pos += r, fr.result += r;
             if (fr.slot) fr.slot += r, fr.tables += int64_t(r) * fr.max_blocks;
-            if (fr.local_slot) fr.local_slot += r, fr.local_tables += int64_t(r) * fr.max_blocks;
         }
         if (blocks == 1) {
             launch("argmax", argmax_kernel, dim3(1, unsigned(m)), dim3(1024), 0, s, xr, (const int*)nullptr, n, ldx, n,

@@ -235,16 +235,13 @@ constexpr int kArgmaxBlocks = 1024;
 // Greedy decode chained on the device: row r's winner is also the next step's token (token[r]), its position
 // input advances by one (pos[r]), and the winner is written to result[r] (host-mapped) -- no host turn between
 // steps.  A batch step's rows (one a sequence) also find the KV slot of that next position through their block
-// tables (slot[r] = tables[r * max_blocks + p / block_size] * block_size + p % block_size; -1 past the table),
-// and the same in the sliding-window layers' pool where local_slot is set.
+// tables (slot[r] = tables[r * max_blocks + p / block_size] * block_size + p % block_size; -1 past the table).
 struct ArgmaxFeed {
     int32_t* token = nullptr;
     int32_t* pos = nullptr;
     int32_t* result = nullptr;
     int32_t* slot = nullptr;
     const int32_t* tables = nullptr;
-    int32_t* local_slot = nullptr;
-    const int32_t* local_tables = nullptr;
     int block_size = 0, max_blocks = 0;
 };
 // A NaN among the n values sets kNanLogit in *err (NaN is never the winner).  allow (device memory): nullptr,
