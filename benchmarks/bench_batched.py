@@ -164,8 +164,8 @@ def profile(model, a, P: int, T: int) -> None:
 
 
 def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0, path: str = "",
-                    device: str = "cpu", stand_in_ms: float = 0.0, chain: int = 0) -> tuple[float, float, float]:
-    """(the engine's own ms a step, the median ms between two steps, the steps' ms) for B sequences of 16 prompt
+                    device: str = "cpu", stand_in_ms: float = 0.0, chain: int = 0) -> tuple[float, float, str, float]:
+    """(the engine's own ms a step, the ms between two steps and how they were summed, the steps' ms) for B sequences of 16 prompt
     tokens and T tokens each, greedy or sampled at `temperature` with llama.cpp's default cuts (top_k 40, top_p
     0.95, min_p 0.05), on the tiny synthetic model (152k tokens) or the model at `path` on `device`.  Only the
     time around the steps is the engine's, the samplers' softmaxes included; the first figure also counts the
@@ -236,8 +236,9 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
         eng.generate_batch(prompts, max_tokens=T, **sampling)
         dt, n = time.perf_counter() - t0, eng.steps - s0
     gaps = [b[0] - a[1] for a, b in zip(marks, marks[1:])]
-    between = np.median(gaps) if max(eng._chain_steps, 1) == 1 else np.sum(gaps) / len(gaps)
-    return (dt - in_steps[0]) / n * 1e3, between * 1e3, in_steps[0] / n * 1e3
+    chained = eng._chain_steps > 1
+    between = np.sum(gaps) / len(gaps) if chained else np.median(gaps)
+    return (dt - in_steps[0]) / n * 1e3, between * 1e3, "mean" if chained else "median", in_steps[0] / n * 1e3
 
 
 def run_prefix(path: str, threads: int, n_prefix: int, device: str, n_req: int = 16) -> list:
@@ -287,12 +288,12 @@ def main():
         return engine.resolve(name)
     if a.overhead:  # the tiny model unless a model is named
         model = model_path(a.model) if a.model else ""
-        own, between, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device,
+        own, between, how_summed, steps = engine_overhead(a.overhead, a.threads, temperature=a.temp, path=model, device=a.device,
                                               stand_in_ms=a.stand_in, chain=a.chain)
         how = f"temperature {a.temp}, top_k 40, top_p 0.95, min_p 0.05" if a.temp else "greedy"
         what = f"a {a.stand_in:g} ms stand-in" if a.stand_in else Path(model).name if model else "the tiny model"
         print(f"# engine at B={a.overhead} ({how}), beside {steps:.2f} ms in the steps of {what}: "
-              f"{between:.3f} ms between steps ({'mean' if a.chain > 1 else 'median'}; {100 * between / steps:.1f} %), {own:.3f} ms a step of its "
+              f"{between:.3f} ms between steps ({how_summed}; {100 * between / steps:.1f} %), {own:.3f} ms a step of its "
               f"own with the requests' submission and results ({100 * own / steps:.1f} %, "
               f"{own / a.overhead * 1e3:.1f} us a sequence)")
         return
