@@ -1,5 +1,5 @@
 """The Metal backend end to end on Linux: the real Objective-C++ host
-(csrc/backends/metal/metal_backend.mm) and the real scheduler, on a mock
+(csrc/backends/metal/*.mm) and the real scheduler, on a mock
 Metal device (tests/metal_mock/mock_metal.mm, GNUstep Foundation) whose
 command buffers run the encoded dispatches through the MSL emulator.
 
@@ -46,7 +46,7 @@ def build_driver() -> Path:
         pytest.skip("GNUstep Foundation / BlocksRuntime headers are not installed (.ci/run installs them)")
     cpp = [p for p in sorted((REPO / "csrc").rglob("*.cpp"))
            if "python" not in p.parts and p.name not in ("metal_stub.cpp", "dot_neon.cpp", "attention_tiles_neon.cpp")]
-    mm = [REPO / "csrc/backends/metal/metal_backend.mm", REPO / "tests/metal_mock/mock_metal.mm"]
+    mm = sorted((REPO / "csrc/backends/metal").glob("*.mm")) + [REPO / "tests/metal_mock/mock_metal.mm"]
     extra = [REPO / "tests/metal_mock/dispatch_stub.cpp", REPO / "tests/native/metal_forward.cpp"]
     headers = sorted((REPO / "csrc").rglob("*.h")) + sorted((REPO / "csrc").rglob("*.inc")) + \
         sorted((REPO / "tests/metal_stub").rglob("*.h")) + [REPO / "tests/mslemu/msl_runtime.h", REPO / "metal/args.h"]

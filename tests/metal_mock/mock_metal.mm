@@ -1,6 +1,6 @@
 // A mock Metal device for Linux (GNUstep Foundation, manual reference counting,
 // GCC's Objective-C runtime): the objects the real host code
-// (csrc/backends/metal/metal_backend.mm) talks to, with the encoder's
+// (csrc/backends/metal/*.mm) talks to, with the encoder's
 // dispatches run through the MSL emulator (the library that
 // tests/msl_harness.py builds from metal/*.metal; its path in $MSL_KERNELS_LIB).
 //
