@@ -20,7 +20,7 @@ SUBSET = ["tests/test_gguf_malformed.py", "tests/test_gguf.py", "tests/test_dequ
           "tests/test_dot.py", "tests/test_matmul.py", "tests/test_ops.py", "tests/test_cpu_attention.py",
           "tests/test_session.py",
           "tests/test_llamacpp_synthetic.py", "tests/test_splits.py", "tests/test_sampler.py",
-          "tests/test_reliability.py", "tests/test_batch.py"]
+          "tests/test_reliability.py", "tests/test_batch.py", "tests/test_batch_engine.py"]
 
 
 def _tool(name):
