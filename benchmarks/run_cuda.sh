@@ -22,7 +22,7 @@ so=$(ls $B/_minfer*.so); ln -sf "$so" python/minfer/
 export PYTHONPATH=$PWD/python${PYTHONPATH:+:$PYTHONPATH}
 python3 -c "import minfer; print(minfer.cuda_info())"
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -rs -x tests/test_cuda.py tests/test_cuda_matvec.py tests/test_llamacpp_synthetic.py ${kexpr:+-k "$kexpr"} \
+  python3 -m pytest -q -rs -x tests/test_cuda.py tests/test_cuda_forward.py tests/test_cuda_matvec.py tests/test_llamacpp_synthetic.py ${kexpr:+-k "$kexpr"} \
     2>&1 | tee "$OUT/tests.log" | tail -40
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
