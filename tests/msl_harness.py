@@ -14,11 +14,13 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 EMU = REPO / "tests" / "mslemu"
@@ -110,3 +112,18 @@ def kernels(sanitize: bool | None = None) -> Kernels:
     """Every kernel of metal/*.metal, emulated (MSL_SANITIZE=1: the ASan + UBSan build)."""
     sanitize = os.environ.get("MSL_SANITIZE") == "1" if sanitize is None else sanitize
     return build(sorted((REPO / "metal").glob("*.metal")), sanitize)
+
+
+@pytest.fixture(scope="module")
+def k():
+    """The emulated kernels, for a test module that imports this fixture."""
+    import shutil
+
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not installed (the emulator compiles metal/*.metal with it)")
+    return kernels()
+
+
+def pack(fmt, *vals):
+    """A kernel's argument struct: little-endian fields packed by struct's format."""
+    return bytearray(struct.pack("<" + fmt, *vals))
