@@ -67,26 +67,20 @@ class Backend {
     // sampler's top-k order, sampling/scan.h), 0 < k < n.  A NaN among the values is an error.  A sampled batch
     // step's read-back where each row's sampler needs only its top-k.  Default: read_host, then a scan a row.
     virtual void top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids);
-    // Greedy decode chained on the device, for `steps` steps: step() enqueues one decode step, then the
-    // argmax of n floats at (id, offset) is written into the token input (token_id) as the next step's
-    // token, the position input (pos_id) advances by one, and the winner goes to out[i]; the host waits
-    // once, at the end.  false: this backend has no such chain (nothing was run; the caller loops).
-    virtual bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
-                              int token_id, int pos_id, int32_t* out) {
-        return false;
-    }
-    // Whether greedy_chain runs chains on this backend (the engine asks before it plans a chunk of steps).
+    // Whether greedy_chain_rows runs chains on this backend (the engine asks before it plans a chunk of steps).
     virtual bool chains() const { return false; }
-    // The inputs a batch's greedy chain advances (buffer ids; -1: the plan has none): every row is one sequence's
-    // token at its position, its KV slot found through its row of the block tables (max_blocks entries).
+    // The inputs a greedy chain advances (buffer ids; -1: the plan has none): every row is one sequence's token at
+    // its position; a batch step's rows also find their KV slot through their row of the block tables
+    // (max_blocks entries).
     struct ChainInputs {
         int token = -1, pos = -1, slot = -1, tables = -1;
         int block_size = 0, max_blocks = 0;
     };
-    // A batch step's greedy decode chained on the device for `steps` steps: after each step() the argmax of each
-    // of `rows` rows of n floats (ld apart) at (id, offset) becomes that sequence's next token, its position
-    // advances by one and its slot follows its block table; row r's winner of step i goes to
-    // out[i * rows + r].  false: this backend has no such chain (nothing was run; the caller loops).
+    // Greedy decode chained on the device for `steps` steps (a single sequence's, or a batch's: one row a
+    // sequence): after each step() the argmax of each of `rows` rows of n floats (ld apart) at (id, offset)
+    // becomes that sequence's next token, its position advances by one and its slot follows its block table; row
+    // r's winner of step i goes to out[i * rows + r]; the host waits once a bounded number of steps.  false: this
+    // backend has no such chain (nothing was run; the caller loops).
     virtual bool greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
                                    int rows, size_t ld, const ChainInputs& in, int32_t* out) {
         return false;

@@ -226,11 +226,13 @@ bool Plan::chains() const {
 bool Plan::greedy_chain(int steps, int32_t* out) {
     int tok, pos;
     if (!chain_inputs(&tok, &pos)) return false;
-    const int be = splits_[0].backend;
     const Node& o = graph_.nodes[size_t(graph_.output)];
-    return backend(be)->greedy_chain(steps, [&] { run_split(0, nullptr); }, buf_[size_t(graph_.output)],
-                                     size_t(o.rows - 1) * size_t(o.cols), size_t(o.cols), buf_[size_t(tok)],
-                                     buf_[size_t(pos)], out);
+    Backend::ChainInputs in;  // one row: the output's last
+    in.token = buf_[size_t(tok)];
+    in.pos = buf_[size_t(pos)];
+    return backend(splits_[0].backend)->greedy_chain_rows(steps, [&] { run_split(0, nullptr); },
+                                                          buf_[size_t(graph_.output)], size_t(o.rows - 1) * size_t(o.cols),
+                                                          size_t(o.cols), 1, size_t(o.cols), in, out);
 }
 
 bool Plan::greedy_chain_rows(int steps, int32_t* out) {

@@ -309,7 +309,7 @@ const uint32_t* CudaBackend::upload_allow(const uint32_t* allow, size_t words) {
 int CudaBackend::argmax(int id, size_t offset, size_t n, const uint32_t* allow) {
     usable();
     const uint32_t* mask = allow ? upload_allow(allow, (n + 31) / 32) : nullptr;
-    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_, {}, mask);
+    cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_, mask);
     synchronize();
     return *(volatile int*)argmax_host_;
 }
@@ -359,25 +359,8 @@ void CudaBackend::top_k_rows(int id, size_t offset, size_t n, int rows, size_t l
 
 // The steps follow each other with no host write between them: the step's first kernel (the embedding
 // gather) waits for the argmax before it lets the rest of the step start (pdl_wait_then_release), so the
-// kernels that read the token and position before their own waits see this step's.
-bool CudaBackend::greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
-                               int token_id, int pos_id, int32_t* out) {
-    usable();
-    for (int done = 0; done < steps;) {
-        const int m = std::min(kChainSteps, steps - done);
-        for (int i = 0; i < m; i++) {
-            step();
-            cuda::argmax((const float*)raw(id) + offset, int(n), argmax_dev_, argmax_part_, err_dev_, stream_,
-                         cuda::ArgmaxFeed{(int32_t*)raw(token_id), (int32_t*)raw(pos_id), chain_dev_ + i});
-        }
-        synchronize();
-        std::memcpy(out + done, (const void*)chain_host_, size_t(m) * sizeof(int32_t));
-        done += m;
-    }
-    return true;
-}
-
-// As greedy_chain, a row a sequence: the argmax kernel writes each row's token, position and slots.
+// kernels that read the token and position before their own waits see this step's.  The argmax kernel writes
+// each row's token, position and slot.
 bool CudaBackend::greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n,
                                     int rows, size_t ld, const ChainInputs& in, int32_t* out) {
     usable();
@@ -385,7 +368,7 @@ bool CudaBackend::greedy_chain_rows(int steps, const std::function<void()>& step
         (in.slot >= 0 && (in.block_size < 1 || in.max_blocks < 1)))
         throw MinferError(strfmt("CUDA greedy chain: %d rows, or its inputs are not a batch step's", rows));
     auto ptr = [&](int b) { return b >= 0 ? (int32_t*)raw(b) : nullptr; };
-    const int per_wait = kChainResults / rows;
+    const int per_wait = std::min(kChainSteps, kChainResults / rows);
     for (int done = 0; done < steps;) {
         const int m = std::min(per_wait, steps - done);
         for (int i = 0; i < m; i++) {

@@ -26,8 +26,8 @@ inline void check(cudaError_t e, const char* what) {
     if (e != cudaSuccess) throw MinferError(strfmt("CUDA: %s failed: %s", what, cudaGetErrorString(e)));
 }
 
-// A greedy chain waits after at most this many steps (bounded waits, a fixed result buffer); a batch's chain
-// after as many as kChainResults winners hold (256 steps of 64 sequences).
+// A greedy chain waits after at most this many steps (bounded waits), and after as many as kChainResults
+// winners hold (a fixed result buffer: 256 steps of 64 sequences).
 constexpr int kChainSteps = 256, kChainResults = 1 << 14;
 
 // How long a wait polls without sleeping (seconds): longer than any decode step of the models run here.
@@ -99,8 +99,6 @@ class CudaBackend : public Backend {
                      const uint32_t* allow = nullptr) override;
     void top_k_rows(int id, size_t offset, size_t n, int rows, size_t ld, int k, float* vals, int32_t* ids) override;
     bool chains() const override { return true; }
-    bool greedy_chain(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int token_id,
-                      int pos_id, int32_t* out) override;
     bool greedy_chain_rows(int steps, const std::function<void()>& step, int id, size_t offset, size_t n, int rows,
                            size_t ld, const ChainInputs& in, int32_t* out) override;
 

@@ -167,9 +167,8 @@ void argmax_launch(const float* x, int64_t ldx, int n, int rows, int* out, void*
 }
 }  // namespace
 
-void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed,
-            const uint32_t* allow) {
-    argmax_launch(x, n, n, 1, out, partial, err, s, feed, allow, 0);
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, const uint32_t* allow) {
+    argmax_launch(x, n, n, 1, out, partial, err, s, ArgmaxFeed{}, allow, 0);
 }
 
 void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,

@@ -246,13 +246,14 @@ struct ArgmaxFeed {
 };
 // A NaN among the n values sets kNanLogit in *err (NaN is never the winner).  allow (device memory): nullptr,
 // or constrained decoding's bitmask of the indices that may win (bit i of allow[i / 32]).
-void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s, ArgmaxFeed feed = {},
+void argmax(const float* x, int n, int* out, void* partial, uint32_t* err, cudaStream_t s,
             const uint32_t* allow = nullptr);
 // The same for `rows` rows of n (ldx apart; their masks ld_allow words apart), winners to out[0..rows): a launch
 // pair for as many rows as their partials fit the kArgmaxBlocks of scratch (26 of a 152k vocabulary), not a pair a row.
 void argmax_rows(const float* x, int64_t ldx, int n, int rows, int* out, void* partial, uint32_t* err, cudaStream_t s,
                  const uint32_t* allow = nullptr, int64_t ld_allow = 0);
-// The same, each row's winner fed to the next step of a batch's greedy chain (feed's row fields, rows of them).
+// The same, each row's winner fed to the next step of a greedy chain (feed's row fields, rows of them; a single
+// sequence's chain is one row with no slot).
 void argmax_rows_feed(const float* x, int64_t ldx, int n, int rows, const ArgmaxFeed& feed, void* partial,
                       uint32_t* err, cudaStream_t s);
 // Each of `rows` rows of n floats (ld apart)'s k best values and their indices, into vals / ids [rows, k] (device
