@@ -12,10 +12,11 @@ For each batch size B, as llama-batched-bench measures it: B prompts of P tokens
 most 512 tokens (S_PP: prompt tokens/s), then T steps of one token per sequence (S_TG: B*T / their time);
 S is all B*(P+T) tokens over all the time.  minfer runs the batch step (BatchRunner) directly, greedy, its
 KV in one pool; where the device chains greedy steps (CUDA) the decode runs in chains of the engine's length
-(--chain 1: step by step, a host turn between every two steps as llama-batched-bench has).  The decode line also prints the step's bytes (the weights once plus every sequence's KV)
-over its time, against the machine's streaming-read rate (`roof`, the GPU's copy rate on the GPU), and at the
-end where a decode step's host time went (BatchRunner.step_times: preparing, enqueuing, reading back -- on a GPU
-the wait -- and the rest, this script's own loop).
+(--chain 1: step by step, a host turn between every two steps as llama-batched-bench has).  The decode line
+also prints the step's bytes (the weights once plus every sequence's KV) over its time, against the machine's
+streaming-read rate (`roof`, the GPU's copy rate on the GPU), and at the end where a decode step's host time
+went (BatchRunner.step_times: preparing, enqueuing, reading back -- on a GPU the wait -- and the rest, this
+script's own loop).
 
 --e2e B: B requests sent at once from B threads through LLM(max_sequences=B) (tokenizing, scheduling,
 sampling, detokenizing included): generated tokens over the whole time, beside llama.cpp's B*T / T for
@@ -237,7 +238,7 @@ def engine_overhead(B: int, threads: int, T: int = 64, temperature: float = 0.0,
         dt, n = time.perf_counter() - t0, eng.steps - s0
     gaps = [b[0] - a[1] for a, b in zip(marks, marks[1:])]
     chained = eng._chain_steps > 1
-    between = np.sum(gaps) / len(gaps) if chained else np.median(gaps)
+    between = np.mean(gaps) if chained else np.median(gaps)
     return (dt - in_steps[0]) / n * 1e3, between * 1e3, "mean" if chained else "median", in_steps[0] / n * 1e3
 
 

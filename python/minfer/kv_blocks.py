@@ -135,8 +135,10 @@ class BlockPool:
         """Room for the sequence's next n tokens at once (a chain of greedy steps writes them before the engine
         sees them), in fresh blocks past its last one; the last block must be its own (append has run for the
         token before).  Returns the new blocks.  RuntimeError when the pool has too few free blocks."""
-        if n < 0 or (seq.n_tokens % self.block_size and self.refs[seq.table[-1]] > 1):
-            raise ValueError(f"reserve: {n} tokens past a shared or missing last block")
+        if n < 0:
+            raise ValueError(f"reserve: {n} tokens")
+        if seq.n_tokens % self.block_size and self.refs[seq.table[-1]] > 1:
+            raise ValueError(f"reserve: {n} tokens past a shared last block")
         need = self.blocks_for(seq.n_tokens + n) - len(seq.table)
         if need > self.n_free:
             raise RuntimeError(f"reserve: {n} tokens need {need} blocks, {self.n_free} are free")
